@@ -1,0 +1,104 @@
+"""The full-precision HF actor (and PPO's critic): loading, batching and per-token log-probs."""
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+
+
+class ModelError(ValueError):
+    """--model cannot be used; the message is one line."""
+
+
+def load_actor(model: str, dtype=torch.float32):
+    """(model, tokenizer) from a hub id or a local folder, with one-line errors."""
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+
+    looks_like_path = model.startswith((".", "/", "~")) or model.count("/") > 1 or os.path.exists(model)
+    if looks_like_path and not os.path.isdir(os.path.expanduser(model)):
+        raise ModelError(f"--model {model}: no such folder")
+    try:
+        config = AutoConfig.from_pretrained(model)
+    except (OSError, ValueError) as e:
+        raise ModelError(f"--model {model}: not a model folder or hub id ({str(e).splitlines()[0]})") from None
+    if not any(a.endswith("ForCausalLM") for a in (config.architectures or [])):
+        raise ModelError(f"--model {model}: {config.architectures} is not a causal LM (*ForCausalLM)")
+    tokenizer = AutoTokenizer.from_pretrained(model)
+    if tokenizer.eos_token_id is None:
+        raise ModelError(f"--model {model}: the tokenizer has no EOS token, so responses could never end")
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    actor = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    return actor, tokenizer
+
+
+@dataclass
+class SequenceBatch:
+    """Prompt+response rows, right-padded. Per-token tensors are [N, L-1], aligned with targets
+    input_ids[:, 1:]; response_mask is 1 where the target is a response token."""
+    input_ids: torch.Tensor
+    attention_mask: torch.Tensor
+    response_mask: torch.Tensor
+
+    def __len__(self):
+        return self.input_ids.shape[0]
+
+
+def pack_sequences(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> SequenceBatch:
+    rows = [p + r for p, r in zip(prompts, responses)]
+    width = max(map(len, rows))
+    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(rows), width), dtype=torch.long)
+    response_mask = torch.zeros((len(rows), width - 1))
+    for i, (p, r) in enumerate(zip(prompts, responses)):
+        input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
+        attention[i, : len(p) + len(r)] = 1
+        response_mask[i, len(p) - 1: len(p) - 1 + len(r)] = 1
+    return SequenceBatch(input_ids, attention, response_mask)
+
+
+def align_per_token(values: list[list[float]], prompts: list[list[int]], width: int) -> torch.Tensor:
+    """Place one value per response token at its position in the [N, L-1] layout."""
+    out = torch.zeros((len(values), width - 1))
+    for i, (v, p) in enumerate(zip(values, prompts)):
+        out[i, len(p) - 1: len(p) - 1 + len(v)] = torch.tensor(v, dtype=torch.float32)
+    return out
+
+
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0) -> torch.Tensor:
+    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t, float32, [N, L-1]."""
+    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
+    logp = F.log_softmax(logits / temperature, dim=-1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def batched_logprobs(model, batch: SequenceBatch, micro_batch_size: int, temperature: float):
+    chunks = [token_logprobs(model, batch.input_ids[i:i + micro_batch_size],
+                             batch.attention_mask[i:i + micro_batch_size], temperature)
+              for i in range(0, len(batch), micro_batch_size)]
+    return torch.cat(chunks)
+
+
+class Critic(torch.nn.Module):
+    """PPO's value model: the actor's backbone (a copy) with a scalar head."""
+
+    def __init__(self, causal_lm):
+        super().__init__()
+        import copy
+
+        self.backbone = copy.deepcopy(causal_lm.model)
+        self.value_head = torch.nn.Linear(causal_lm.config.hidden_size, 1)
+        torch.nn.init.zeros_(self.value_head.weight)
+        torch.nn.init.zeros_(self.value_head.bias)
+
+    def forward(self, input_ids, attention_mask):
+        """V(prefix up to t) for each t, [N, L-1] (aligned with the targets)."""
+        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self.value_head(hidden[:, :-1].float()).squeeze(-1)
+
+
+@torch.no_grad()
+def batched_values(critic, batch: SequenceBatch, micro_batch_size: int):
+    return torch.cat([critic(batch.input_ids[i:i + micro_batch_size], batch.attention_mask[i:i + micro_batch_size])
+                      for i in range(0, len(batch), micro_batch_size)])

@@ -1,0 +1,42 @@
+"""Advantage estimators and reward shaping: GRPO (group-normalized), GAE (PPO), DAPO's tricks."""
+import torch
+
+
+def grpo_advantages(rewards: torch.Tensor, group_size: int, eps: float = 1e-6) -> torch.Tensor:
+    """(r - mean_group) / (std_group + eps) for rewards laid out group after group."""
+    groups = rewards.view(-1, group_size)
+    normalized = (groups - groups.mean(-1, keepdim=True)) / (groups.std(-1, keepdim=True) + eps)
+    return normalized.view(-1)
+
+
+def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, lam: float):
+    """Generalized Advantage Estimation over the masked (response) positions of [N, T] tensors.
+
+    delta_t = r_t + gamma * V_{t+1} - V_t,  A_t = delta_t + gamma * lam * A_{t+1}; returns = A + V.
+    """
+    advantages = torch.zeros_like(values)
+    next_value = torch.zeros(values.shape[0])
+    next_advantage = torch.zeros(values.shape[0])
+    for t in reversed(range(values.shape[1])):
+        m = mask[:, t]
+        delta = token_rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = advantage * m
+        # padding positions pass the future through unchanged
+        next_value = torch.where(m > 0, values[:, t], next_value)
+        next_advantage = torch.where(m > 0, advantage, next_advantage)
+    return advantages, (advantages + values) * mask
+
+
+def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float) -> float:
+    """DAPO's soft overlong punishment: 0 until max_tokens - buffer, then linear down to -penalty."""
+    start = max_tokens - buffer
+    if buffer == 0 or length <= start:
+        return 0.0
+    return -penalty * min(1.0, (length - start) / buffer)
+
+
+def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO dynamic sampling: True for groups whose rewards are not all equal (they carry signal)."""
+    groups = rewards.view(-1, group_size)
+    return (groups.max(-1).values - groups.min(-1).values) > 1e-9

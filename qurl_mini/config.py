@@ -1,0 +1,143 @@
+"""Every flag of train.py, in one dataclass (HfArgumentParser turns it into the CLI), and its checks."""
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Optional
+
+from .loss import AGGREGATIONS, OBJECTIVES
+
+
+class ConfigError(ValueError):
+    """A bad flag value; the message is one line naming the flag."""
+
+
+def _f(default, help, **kw):
+    return field(default=default, metadata={"help": help, **kw})
+
+
+@dataclass
+class Config:
+    # what to train
+    algo: Literal["grpo", "ppo", "dapo"] = _f("grpo", "RL algorithm: GRPO, PPO (critic + GAE) or DAPO")
+    quant: Literal["none", "int8", "fp8"] = _f("none", "rollout engine precision: bf16 (none), W8A8 INT8 or FP8")
+    objective: Optional[str] = _f(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
+                                        "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL). Default: acr if --quant, else ppo")
+    model: Optional[str] = _f(None, "HF hub id or local folder of a causal LM; default: the embedded tiny "
+                                    "Qwen2, SFT-warm-started on first use")
+    data: str = _f("synthetic", "'synthetic' (embedded arithmetic task), 'gsm8k' (hub) or a .jsonl/.parquet file")
+    test_data: Optional[str] = _f(None, "held-out .jsonl/.parquet file (default: split off --data)")
+    uaq_scale: float = _f(1.0, "UAQ invariant scale s (Eq. 11); 1.0 = off, 1.5 recommended with --quant")
+    # rollout
+    steps: int = _f(60, "RL steps (one rollout batch + its updates each)")
+    prompts_per_step: int = _f(32, "prompts per rollout batch")
+    group_size: int = _f(8, "responses sampled per prompt (G)")
+    temperature: float = _f(1.0, "sampling temperature of the rollout")
+    max_new_tokens: int = _f(24, "longest response (tokens)")
+    # update
+    lr: float = _f(2e-4, "actor learning rate (AdamW, constant after a short warm-up)")
+    minibatches: int = _f(4, "optimizer steps per rollout batch (the batch is split this many ways)")
+    ppo_epochs: int = _f(1, "passes over each rollout batch")
+    micro_batch_size: int = _f(64, "sequences per forward/backward (gradient accumulation)")
+    clip_low: Optional[float] = _f(None, "PPO clip epsilon below 1 (default 0.2)")
+    clip_high: Optional[float] = _f(None, "PPO clip epsilon above 1 (default 0.2; 0.28 for DAPO)")
+    tis_cap: float = _f(2.0, "truncation C of the importance weight pi_prox/pi_behav (Eq. 5, 9)")
+    kl_coef: Optional[float] = _f(None, "k3 KL-to-reference coefficient (default 1e-3; 0 for DAPO)")
+    loss_agg: Optional[str] = _f(None, f"loss aggregation {AGGREGATIONS} (default: seq-mean-token-mean, "
+                                       "token-mean for DAPO)")
+    max_grad_norm: float = _f(1.0, "gradient clipping norm")
+    # PPO critic
+    critic_lr: float = _f(5e-4, "critic learning rate (--algo ppo)")
+    gamma: float = _f(1.0, "GAE discount (--algo ppo)")
+    lam: float = _f(1.0, "GAE lambda (--algo ppo)")
+    value_clip: float = _f(0.2, "value-loss clip range (--algo ppo)")
+    # DAPO
+    dapo_max_tries: int = _f(3, "DAPO dynamic sampling: rollout rounds at most to fill a batch")
+    overlong_buffer: int = _f(4, "DAPO overlong shaping: tokens before --max-new-tokens where the penalty starts")
+    overlong_penalty: float = _f(1.0, "DAPO overlong shaping: penalty at --max-new-tokens")
+    # evaluation, checkpoints, robustness
+    eval_every: int = _f(20, "greedy test accuracy every N steps (0 = only at start and end)")
+    eval_size: int = _f(200, "held-out problems for greedy evaluation")
+    save_every: int = _f(20, "checkpoint every N steps (and at the end)")
+    keep: int = _f(2, "checkpoints kept")
+    resume: Optional[str] = _f(None, "resume from the newest complete checkpoint of this run (or of DIR)",
+                               nargs="?", const="latest")
+    max_bad_steps: int = _f(3, "stop after this many NaN/inf updates in a row")
+    mismatch_warn_kl: float = _f(0.05, "warn once when KL(behav||prox) exceeds this")
+    # the embedded warm start
+    sft_steps: int = _f(400, "SFT steps of the embedded model's warm start")
+    sft_lr: float = _f(3e-3, "SFT learning rate of the embedded warm start")
+    max_number: int = _f(20, "largest number in the synthetic problems")
+    # run
+    seed: int = _f(0, "seed of data order, sampling and initialisation")
+    run_name: Optional[str] = _f(None, "name of runs/<name> (default: <algo>-<quant>)")
+    out_dir: str = _f("runs", "where runs are written")
+    cache_dir: str = _f(".cache", "where the embedded warm start is cached")
+    kv_cache_gib: int = _f(1, "CPU engine KV cache (GiB, whole number)")
+    gpu_memory_utilization: float = _f(0.3, "CUDA engine memory share (the actor needs the rest)")
+
+    def __post_init__(self):
+        dapo = self.algo == "dapo"
+        if self.objective is None:
+            self.objective = "acr" if self.quant != "none" else "ppo"
+        if self.clip_low is None:
+            self.clip_low = 0.2
+        if self.clip_high is None:
+            self.clip_high = 0.28 if dapo else 0.2
+        if self.kl_coef is None:
+            self.kl_coef = 0.0 if dapo else 1e-3
+        if self.loss_agg is None:
+            self.loss_agg = "token-mean" if dapo else "seq-mean-token-mean"
+        if self.run_name is None:
+            self.run_name = f"{self.algo}-{self.quant}" + (f"-{self.objective}" if self.quant != "none" else "")
+        self.validate()
+
+    def validate(self) -> None:
+        def need(ok: bool, message: str):
+            if not ok:
+                raise ConfigError(message)
+
+        for name in ("algo", "quant"):  # Literal choices are checked by argparse, but not in code
+            choices = self.__dataclass_fields__[name].type.__args__
+            need(getattr(self, name) in choices, f"--{name} {getattr(self, name)!r}: choose from {choices}")
+        need(self.objective in OBJECTIVES, f"--objective {self.objective!r}: choose from {OBJECTIVES}")
+        need(self.loss_agg in AGGREGATIONS, f"--loss-agg {self.loss_agg!r}: choose from {AGGREGATIONS}")
+        for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
+                     "micro_batch_size", "eval_size", "save_every", "keep", "max_bad_steps", "sft_steps",
+                     "dapo_max_tries", "max_number"):
+            need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        need(self.eval_every >= 0, f"--eval-every must be >= 0, got {self.eval_every}")
+        need(self.overlong_buffer >= 0, f"--overlong-buffer must be >= 0, got {self.overlong_buffer}")
+        need(self.group_size >= 2 or self.algo == "ppo",
+             f"--group-size {self.group_size} with --algo {self.algo}: group-normalized advantages need >= 2")
+        need(self.minibatches <= self.prompts_per_step * self.group_size,
+             f"--minibatches {self.minibatches} exceeds the {self.prompts_per_step * self.group_size} sequences per step")
+        for name in ("lr", "sft_lr", "critic_lr", "temperature", "tis_cap", "max_grad_norm", "uaq_scale",
+                     "kv_cache_gib", "value_clip"):
+            value = getattr(self, name)
+            need(math.isfinite(value) and value > 0, f"--{name.replace('_', '-')} must be > 0, got {value}")
+        need(self.lr < 1.0, f"--lr {self.lr} is far too large (expected < 1)")
+        need(self.tis_cap >= 1.0, f"--tis-cap must be >= 1 (it truncates pi_prox/pi_behav), got {self.tis_cap}")
+        need(0 <= self.clip_low < 1, f"--clip-low must be in [0, 1), got {self.clip_low}")
+        need(self.clip_high >= 0, f"--clip-high must be >= 0, got {self.clip_high}")
+        need(self.kl_coef >= 0, f"--kl-coef must be >= 0, got {self.kl_coef}")
+        need(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "--gamma and --lam must be in [0, 1]")
+        need(0 < self.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)")
+        need(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0, got {self.overlong_penalty}")
+        need(self.mismatch_warn_kl > 0, f"--mismatch-warn-kl must be > 0, got {self.mismatch_warn_kl}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def parse_args(argv=None) -> Config:
+    """Config from the command line; a bad value exits 2 with one line."""
+    import sys
+
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(Config, description="QuRL-mini: RL with a quantized vLLM rollout engine.")
+    try:
+        (config,) = parser.parse_args_into_dataclasses(args=argv)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
+    return config

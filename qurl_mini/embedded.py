@@ -1,0 +1,126 @@
+"""The embedded default: a character tokenizer, a tiny Qwen2 model and its SFT warm start.
+
+Nothing is downloaded: the tokenizer is built with `tokenizers`, the model from a
+`Qwen2Config`, and a short supervised fine-tune on the synthetic train split brings it to a
+greedy accuracy with room left for RL. The result is a normal HF model folder, cached.
+"""
+import hashlib
+import json
+import logging
+import math
+import os
+import random
+import shutil
+import string
+
+import torch
+
+from .data import Problem
+from .progress import progress_bar
+
+log = logging.getLogger("qurl_mini")
+
+PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
+CHARS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
+
+
+def build_char_tokenizer():
+    """One token per character, saved and loaded as a normal HF fast tokenizer."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK] + CHARS)}
+    tok = Tokenizer(models.WordLevel(vocab=vocab, unk_token=UNK))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+
+
+def tiny_qwen2_config(tokenizer, layers=4, hidden=192, heads=6, kv_heads=2):
+    from transformers import Qwen2Config
+
+    return Qwen2Config(
+        vocab_size=128, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+        num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
+        max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0,
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+        bos_token_id=tokenizer.eos_token_id, torch_dtype="float32",
+    )
+
+
+def build_tiny_model(out_dir: str, seed: int = 0, **config_kwargs) -> str:
+    """A randomly initialised tiny Qwen2 + char tokenizer, saved as an HF folder (for tests)."""
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    tokenizer = build_char_tokenizer()
+    model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer, **config_kwargs))
+    model.save_pretrained(out_dir)
+    tokenizer.save_pretrained(out_dir)
+    return out_dir
+
+
+def encode_sft_batch(tokenizer, problems: list[Problem]):
+    """input_ids, attention_mask and labels (-100 on the prompt and the padding)."""
+    rows, labels = [], []
+    for p in problems:
+        prompt = tokenizer.encode(p.prompt)
+        answer = tokenizer.encode(p.answer) + [tokenizer.eos_token_id]
+        rows.append(prompt + answer)
+        labels.append([-100] * len(prompt) + answer)
+    width = max(map(len, rows))
+    pad = tokenizer.pad_token_id
+    input_ids = torch.tensor([r + [pad] * (width - len(r)) for r in rows])
+    attention = torch.tensor([[1] * len(r) + [0] * (width - len(r)) for r in rows])
+    label_ids = torch.tensor([lab + [-100] * (width - len(lab)) for lab in labels])
+    return input_ids, attention, label_ids
+
+
+def sft(model, tokenizer, problems, steps, batch_size, lr, seed):
+    """Plain next-token cross-entropy on the answers, AdamW with a cosine schedule."""
+    rng = random.Random(seed)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+    warmup = max(1, steps // 20)
+    sched = torch.optim.lr_scheduler.LambdaLR(
+        opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
+    model.train()
+    with progress_bar("SFT warm start", steps) as advance:
+        for step in range(steps):
+            input_ids, attention, labels = encode_sft_batch(tokenizer, rng.sample(problems, batch_size))
+            loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
+            opt.zero_grad(set_to_none=True)
+            loss.backward()
+            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            opt.step()
+            sched.step()
+            advance(f"loss {loss.item():.3f}")
+    model.eval()
+    return model
+
+
+def warm_start(cache_dir: str, train: list[Problem], *, steps: int, batch_size: int, lr: float,
+               seed: int = 0) -> str:
+    """Path of the SFT'd embedded model, built on first use and cached by its settings."""
+    from transformers import Qwen2ForCausalLM
+
+    settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, n_train=len(train),
+                    first=train[0].question, version=1)
+    key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+    out_dir = os.path.join(cache_dir, f"embedded-sft-{key}")
+    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        log.info("warm start: reusing cached %s", out_dir)
+        return out_dir
+    torch.manual_seed(seed)
+    tokenizer = build_char_tokenizer()
+    model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer))
+    log.info("warm start: SFT of a %.2fM-parameter Qwen2 on %d synthetic problems (cached in %s)",
+             sum(p.numel() for p in model.parameters()) / 1e6, len(train), out_dir)
+    sft(model, tokenizer, train, steps, batch_size, lr, seed)
+    tmp_dir = out_dir + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    model.save_pretrained(tmp_dir)
+    tokenizer.save_pretrained(tmp_dir)
+    with open(os.path.join(tmp_dir, "sft_settings.json"), "w") as f:
+        json.dump(settings, f, indent=1)
+    os.replace(tmp_dir, out_dir)
+    return out_dir

