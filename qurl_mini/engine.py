@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import quant
+from . import quant, vllm_cpu_sync
 
 log = logging.getLogger("qurl_mini")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
@@ -95,9 +95,15 @@ class RolloutEngine:
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Push checkpoint-format tensors into the live engine, in place."""
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
-        if self.engine_format == "int8" and not self.platform.cuda:
-            refresh_cpu_int8_kernels(self.model)
+        if self.platform.cuda:  # untested here: vLLM's own in-place reload
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        elif self.engine_format == "int8":  # reload_weights leaves the oneDNN kernels broken
+            self.llm.collective_rpc(vllm_cpu_sync.sync_int8_worker, args=(named_tensors,))
+        else:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+            self.llm.collective_rpc(vllm_cpu_sync.refresh_gemms_worker)  # the tied lm_head's copy
+        if not self.llm.reset_prefix_cache():  # cached KV blocks were computed with the old weights
+            raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync")
 
     # -- memory (CUDA only: sleep mode does not exist on CPU) ----------------------------------
 
@@ -110,10 +116,6 @@ class RolloutEngine:
         if self.platform.cuda and self.asleep:
             self.llm.wake_up()
             self.asleep = False
-
-
-def refresh_cpu_int8_kernels(model) -> None:
-    """Placeholder until the CPU INT8 reload fix lands."""
 
 
 def sync_state(actor, engine_format: str):

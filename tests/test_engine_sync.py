@@ -75,13 +75,28 @@ def _greedy(engine, prompts):
             [[step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs])
 
 
-# hidden 192 takes oneDNN's prepacked path on this CPU kernel; hidden 512 the sgl VNNI path
-@pytest.mark.parametrize("hidden,heads", [(192, 6), (512, 8)], ids=["onednn-shapes", "sgl-shapes"])
-def test_int8_live_sync_equals_a_freshly_loaded_checkpoint(tmp_path, hidden, heads):
-    model_dir = build_tiny_model(str(tmp_path / "base"), seed=1, layers=2, hidden=hidden, heads=heads, kv_heads=2)
+def _kernel_paths(engine):
+    return {getattr(m.scheme.kernel, "linear_method").__name__ for m in engine.model.modules()
+            if hasattr(getattr(getattr(m, "scheme", None), "kernel", None), "linear_method")}
+
+
+# vLLM's CPU INT8 kernel picks oneDNN (weights prepacked in a handler) or sgl (VNNI-packed
+# Parameter, chosen on AMX CPUs only); without AMX the sgl path is forced to test it too.
+@pytest.mark.parametrize("path", ["onednn", "sgl"])
+def test_int8_live_sync_equals_a_freshly_loaded_checkpoint(tmp_path, monkeypatch, path):
+    import vllm.model_executor.kernels.linear.scaled_mm.cpu as cpu_kernel
+
+    if path == "sgl":
+        monkeypatch.setattr(cpu_kernel, "check_cpu_sgl_kernel",
+                            lambda n, k, dtype: dtype == torch.int8 and k % 32 == 0 and n % 16 == 0)
+    elif torch.cpu._is_amx_tile_supported():
+        monkeypatch.setattr(cpu_kernel, "check_cpu_sgl_kernel", lambda n, k, dtype: False)
+    hidden = 192
+    model_dir = build_tiny_model(str(tmp_path / "base"), seed=1, layers=2, hidden=hidden, heads=6, kv_heads=2)
     actor, tokenizer = load_actor(model_dir)
     live = RolloutEngine(quant.save_quantized_checkpoint(actor, tokenizer, str(tmp_path / "q0"), "int8"),
                          engine_format="int8", platform=PLATFORM, seed=0, max_model_len=256)
+    assert _kernel_paths(live) == {f"_apply_weights_{path}"}
     prompts = [tokenizer.encode(t)[:30] for t in TEXTS] + [tokenizer.encode("Q: Dan has 5 eggs")]
     tokens_before, _ = _greedy(live, prompts)
     for _ in range(3):  # optimizer steps, each followed by a quantize + sync
@@ -94,7 +109,7 @@ def test_int8_live_sync_equals_a_freshly_loaded_checkpoint(tmp_path, hidden, hea
                           engine_format="int8", platform=PLATFORM, seed=0, max_model_len=256)
     fresh_tokens, fresh_logps = _greedy(fresh, prompts)
     gap = max(abs(a - b) for x, y in zip(live_logps, fresh_logps) for a, b in zip(x, y))
-    print(f"int8 hidden={hidden}: live vs fresh engine max logprob gap {gap:.2e}")
+    print(f"int8 {path}: live vs fresh engine max logprob gap {gap:.2e}")
     assert live_tokens == fresh_tokens
     assert gap < 1e-3
     assert live_tokens != tokens_before  # the syncs really changed what the engine does
