@@ -65,7 +65,7 @@ def main(argv=None) -> int:
     save_quantized_checkpoint(model, tokenizer, args.out, args.fmt)
     print(f"wrote {args.fmt} W8A8 checkpoint (compressed-tensors) to {args.out}")
     if args.check:
-        _, problems = synthetic_splits(0, 4, max_number=20, seed=1234)
+        _, problems = synthetic_splits(0, 4, max_number=10, seed=1234)
         gap = logprob_gap(args.model, args.out, args.fmt, [p.prompt + p.answer for p in problems])
         print(f"check ({gap['how']}): |log p_quant - log p_bf16| max {gap['max']:.4f}, mean {gap['mean']:.4f} nats")
     return 0

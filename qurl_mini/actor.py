@@ -12,7 +12,7 @@ class ModelError(ValueError):
 
 def load_actor(model: str, dtype=torch.float32):
     """(model, tokenizer) from a hub id or a local folder, with one-line errors."""
-    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     looks_like_path = model.startswith((".", "/", "~")) or model.count("/") > 1 or os.path.exists(model)
     if looks_like_path and not os.path.isdir(os.path.expanduser(model)):
@@ -23,13 +23,28 @@ def load_actor(model: str, dtype=torch.float32):
         raise ModelError(f"--model {model}: not a model folder or hub id ({str(e).splitlines()[0]})") from None
     if not any(a.endswith("ForCausalLM") for a in (config.architectures or [])):
         raise ModelError(f"--model {model}: {config.architectures} is not a causal LM (*ForCausalLM)")
-    tokenizer = AutoTokenizer.from_pretrained(model)
+    tokenizer = load_tokenizer(model)
     if tokenizer.eos_token_id is None:
         raise ModelError(f"--model {model}: the tokenizer has no EOS token, so responses could never end")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
     actor = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
     return actor, tokenizer
+
+
+def load_tokenizer(model: str):
+    """AutoTokenizer, except for a generic `tokenizers` file (the embedded char tokenizer):
+    transformers 5 would swap in the model type's tokenizer class and its pre-tokenizer."""
+    import json
+
+    from transformers import AutoTokenizer, PreTrainedTokenizerFast
+
+    config_path = os.path.join(model, "tokenizer_config.json")
+    if os.path.isfile(config_path) and os.path.isfile(os.path.join(model, "tokenizer.json")):
+        with open(config_path) as f:
+            if json.load(f).get("tokenizer_class") in ("TokenizersBackend", "PreTrainedTokenizerFast"):
+                return PreTrainedTokenizerFast.from_pretrained(model)
+    return AutoTokenizer.from_pretrained(model)
 
 
 @dataclass

@@ -33,7 +33,7 @@ class Config:
     temperature: float = _f(1.0, "sampling temperature of the rollout")
     max_new_tokens: int = _f(24, "longest response (tokens)")
     # update
-    lr: float = _f(2e-4, "actor learning rate (AdamW, constant after a short warm-up)")
+    lr: float = _f(1e-4, "actor learning rate (AdamW, constant after a short warm-up)")
     minibatches: int = _f(4, "optimizer steps per rollout batch (the batch is split this many ways)")
     ppo_epochs: int = _f(1, "passes over each rollout batch")
     micro_batch_size: int = _f(64, "sequences per forward/backward (gradient accumulation)")
@@ -63,9 +63,10 @@ class Config:
     max_bad_steps: int = _f(3, "stop after this many NaN/inf updates in a row")
     mismatch_warn_kl: float = _f(0.05, "warn once when KL(behav||prox) exceeds this")
     # the embedded warm start
-    sft_steps: int = _f(400, "SFT steps of the embedded model's warm start")
+    sft_steps: int = _f(240, "SFT steps of the embedded model's warm start")
     sft_lr: float = _f(3e-3, "SFT learning rate of the embedded warm start")
-    max_number: int = _f(20, "largest number in the synthetic problems")
+    teacher_slip: float = _f(0.55, "embedded warm start: share of SFT demonstrations that are off by one")
+    max_number: int = _f(10, "largest number in the synthetic problems")
     # run
     seed: int = _f(0, "seed of data order, sampling and initialisation")
     run_name: Optional[str] = _f(None, "name of runs/<name> (default: <algo>-<quant>)")
@@ -121,6 +122,7 @@ class Config:
         need(self.kl_coef >= 0, f"--kl-coef must be >= 0, got {self.kl_coef}")
         need(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "--gamma and --lam must be in [0, 1]")
         need(0 < self.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)")
+        need(0 <= self.teacher_slip < 1, f"--teacher-slip must be in [0, 1), got {self.teacher_slip}")
         need(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0, got {self.overlong_penalty}")
         need(self.mismatch_warn_kl > 0, f"--mismatch-warn-kl must be > 0, got {self.mismatch_warn_kl}")
 

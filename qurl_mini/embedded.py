@@ -1,8 +1,17 @@
 """The embedded default: a character tokenizer, a tiny Qwen2 model and its SFT warm start.
 
 Nothing is downloaded: the tokenizer is built with `tokenizers`, the model from a
-`Qwen2Config`, and a short supervised fine-tune on the synthetic train split brings it to a
-greedy accuracy with room left for RL. The result is a normal HF model folder, cached.
+`Qwen2Config`, and a short supervised fine-tune on the synthetic train split gives the
+starting policy. The result is a normal HF model folder, cached.
+
+The SFT demonstrations come from a *sloppy teacher*: in a fraction `teacher_slip` of them it
+miscounts by one (writes C+1 for both the work and the answer). Imitating it, the model
+learns the arithmetic but also the slip, so its greedy answer is often one too many: greedy
+accuracy lands around 30%, with the right answer still likely under sampling. Only RL, which
+is rewarded on the true answer, can remove a bias the demonstrations themselves carry; and
+because the slip is shared by all problems, what RL fixes carries over to held-out ones.
+(Without the slip, a tiny model's remaining errors are per-fact arithmetic gaps, which RL
+fills about as slowly as more SFT would: too slow to show within minutes on a CPU.)
 """
 import hashlib
 import json
@@ -60,6 +69,15 @@ def build_tiny_model(out_dir: str, seed: int = 0, **config_kwargs) -> str:
     return out_dir
 
 
+def teacher_demonstration(problem: Problem, rng: random.Random, slip: float) -> Problem:
+    """The problem as the sloppy teacher solves it: with probability `slip`, off by one."""
+    if rng.random() >= slip or "=" not in problem.answer:
+        return problem
+    wrong = int(problem.target) + 1
+    work = problem.answer.split("=")[0]
+    return Problem(problem.question, f"{work}={wrong}\n#### {wrong}", problem.target)
+
+
 def encode_sft_batch(tokenizer, problems: list[Problem]):
     """input_ids, attention_mask and labels (-100 on the prompt and the padding)."""
     rows, labels = [], []
@@ -76,17 +94,18 @@ def encode_sft_batch(tokenizer, problems: list[Problem]):
     return input_ids, attention, label_ids
 
 
-def sft(model, tokenizer, problems, steps, batch_size, lr, seed):
-    """Plain next-token cross-entropy on the answers, AdamW with a cosine schedule."""
-    rng = random.Random(seed)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
+def sft(model, tokenizer, problems, steps, batch_size, lr, seed, teacher_slip=0.0):
+    """Plain next-token cross-entropy on the (teacher's) answers, AdamW with a cosine schedule."""
+    rng, teacher_rng = random.Random(seed), random.Random(seed + 1)
+    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98), foreach=True)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
     model.train()
     with progress_bar("SFT warm start", steps) as advance:
         for step in range(steps):
-            input_ids, attention, labels = encode_sft_batch(tokenizer, rng.sample(problems, batch_size))
+            demos = [teacher_demonstration(p, teacher_rng, teacher_slip) for p in rng.sample(problems, batch_size)]
+            input_ids, attention, labels = encode_sft_batch(tokenizer, demos)
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
@@ -99,12 +118,12 @@ def sft(model, tokenizer, problems, steps, batch_size, lr, seed):
 
 
 def warm_start(cache_dir: str, train: list[Problem], *, steps: int, batch_size: int, lr: float,
-               seed: int = 0) -> str:
+               teacher_slip: float, seed: int = 0) -> str:
     """Path of the SFT'd embedded model, built on first use and cached by its settings."""
     from transformers import Qwen2ForCausalLM
 
     settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, n_train=len(train),
-                    first=train[0].question, version=1)
+                    teacher_slip=teacher_slip, first=train[0].question, version=2)
     key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
     out_dir = os.path.join(cache_dir, f"embedded-sft-{key}")
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
@@ -115,7 +134,7 @@ def warm_start(cache_dir: str, train: list[Problem], *, steps: int, batch_size: 
     model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer))
     log.info("warm start: SFT of a %.2fM-parameter Qwen2 on %d synthetic problems (cached in %s)",
              sum(p.numel() for p in model.parameters()) / 1e6, len(train), out_dir)
-    sft(model, tokenizer, train, steps, batch_size, lr, seed)
+    sft(model, tokenizer, train, steps, batch_size, lr, seed, teacher_slip)
     tmp_dir = out_dir + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     model.save_pretrained(tmp_dir)

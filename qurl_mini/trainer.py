@@ -9,6 +9,7 @@ One step, in order (`Trainer.step`):
   6. sync       quantize the updated actor and load it into the live engine, in place
 """
 import contextlib
+import json
 import logging
 import math
 import os
@@ -42,7 +43,8 @@ def base_model_path(cfg: Config, train_problems) -> str:
     """--model, or the embedded tiny Qwen2 after its (cached) SFT warm start."""
     if cfg.model is not None:
         return cfg.model
-    return warm_start(cfg.cache_dir, train_problems, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr)
+    return warm_start(cfg.cache_dir, train_problems, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr,
+                      teacher_slip=cfg.teacher_slip)
 
 
 class Trainer:
@@ -148,7 +150,9 @@ class Trainer:
         self.tokenizer.save_pretrained(final_dir)
         plot = plot_metrics(self.metrics.path, os.path.join(self.run_dir, "curves.png"))
         summary.update(final_test_accuracy=self.evaluate(), final_model=final_dir, plot=plot,
-                       base_model=self.base_model, metrics=self.metrics.path)
+                       base_model=self.base_model, metrics=self.metrics.path, config=cfg.to_dict())
+        with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
+            json.dump(summary, f, indent=1)
         return summary
 
     def evaluate(self) -> float:

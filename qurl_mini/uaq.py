@@ -53,12 +53,12 @@ def apply_uaq(model, s: float):
     """In place, once: norm.weight *= s and the following projections' input columns /= s."""
     if not s > 0:
         raise UAQError(f"--uaq-scale must be > 0, got {s}")
+    if s == 1.0:  # off
+        return model
     _check_foldable(model)
     already = getattr(model.config, "uaq_scale", 1.0)
     if already != 1.0:
         raise UAQError(f"UAQ was already applied to this model (uaq_scale={already}); it is one-time")
-    if s == 1.0:
-        return model
     for layer in _decoder_layers(model):
         for norm_name, proj_names in FOLDS:
             _get(layer, norm_name).weight.mul_(s)  # s * X, absorbed by the norm

@@ -95,3 +95,12 @@ def test_prompt_sampler_resumes_exactly_at_its_cursor():
     resumed = PromptSampler(10, seed=5, cursor=14)
     assert resumed.take(7) == first[14:]
     assert sorted(first[:10]) == list(range(10))  # each epoch is a permutation
+
+
+def test_saved_char_tokenizer_loads_back_identically(tmp_path):
+    from qurl_mini.actor import load_actor
+    from qurl_mini.embedded import build_tiny_model
+
+    _, tok = load_actor(build_tiny_model(str(tmp_path / "m"), layers=1, hidden=64, heads=2, kv_heads=1))
+    text = "Q: Ann has 3 apples.\nA: 3+4=7\n#### 7"
+    assert tok.encode(text) == build_char_tokenizer().encode(text) and tok.decode(tok.encode(text)) == text

@@ -1,0 +1,127 @@
+"""Every bad input of the README's table gets one clear line (and exit 2), never a traceback."""
+import json
+import os
+
+import pytest
+
+import train
+from qurl_mini.embedded import build_tiny_model
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(str(tmp_path_factory.mktemp("tiny")), layers=1, hidden=64, heads=2, kv_heads=1)
+
+
+@pytest.fixture(scope="module")
+def data_file(tmp_path_factory):
+    path = tmp_path_factory.mktemp("data") / "gsm.jsonl"
+    path.write_text("".join(json.dumps({"question": f"{i}+1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(40)))
+    return str(path)
+
+
+def run_train(args, capsys):
+    """(exit code, stderr) of train.py with these flags."""
+    try:
+        code = train.main(args)
+    except SystemExit as e:  # argparse
+        code = e.code
+    return code, capsys.readouterr().err
+
+
+def one_line_error(err):
+    lines = [line for line in err.strip().splitlines() if line.strip()]
+    assert "Traceback" not in err, err
+    return lines[-1]
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--algo", "sac"], "argument --algo: invalid choice: 'sac'"),
+    (["--quant", "int4"], "argument --quant: invalid choice: 'int4'"),
+    (["--objective", "grpo"], "--objective 'grpo': choose from"),
+    (["--group-size", "1"], "--group-size 1 with --algo grpo"),
+    (["--uaq-scale", "0"], "--uaq-scale must be > 0"),
+    (["--uaq-scale", "-1.5"], "--uaq-scale must be > 0"),
+    (["--lr", "0"], "--lr must be > 0"),
+    (["--lr", "nan"], "--lr must be > 0"),
+    (["--lr", "3"], "--lr 3.0 is far too large"),
+    (["--steps", "0"], "--steps must be >= 1"),
+    (["--prompts-per-step", "0"], "--prompts-per-step must be >= 1"),
+    (["--micro-batch-size", "0"], "--micro-batch-size must be >= 1"),
+    (["--tis-cap", "0.5"], "--tis-cap must be >= 1"),
+    (["--clip-low", "1.2"], "--clip-low must be in [0, 1)"),
+    (["--clip-high", "-0.1"], "--clip-high must be >= 0"),
+    (["--temperature", "0"], "--temperature must be > 0"),
+    (["--kl-coef", "-1"], "--kl-coef must be >= 0"),
+    (["--teacher-slip", "1"], "--teacher-slip must be in [0, 1)"),
+    (["--minibatches", "9999"], "--minibatches 9999 exceeds"),
+])
+def test_bad_flag_values(flags, message, capsys):
+    code, err = run_train(flags, capsys)
+    assert code == 2 and message in one_line_error(err)
+
+
+def test_missing_model_folder(tmp_path, capsys):
+    code, err = run_train(["--model", str(tmp_path / "nope")], capsys)
+    assert code == 2 and "--model" in one_line_error(err) and "no such folder" in one_line_error(err)
+
+
+def test_model_that_is_not_a_causal_lm(tmp_path, capsys):
+    from transformers import BertConfig, BertModel
+
+    BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)) \
+        .save_pretrained(tmp_path / "bert")
+    code, err = run_train(["--model", str(tmp_path / "bert")], capsys)
+    assert code == 2 and "is not a causal LM" in one_line_error(err)
+
+
+def test_tokenizer_without_eos(tmp_path, tiny, capsys):
+    import shutil
+
+    broken = shutil.copytree(tiny, tmp_path / "noeos")
+    cfg_path = broken / "tokenizer_config.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg.pop("eos_token", None)
+    cfg_path.write_text(json.dumps(cfg))
+    code, err = run_train(["--model", str(broken)], capsys)
+    assert code == 2 and "no EOS token" in one_line_error(err)
+
+
+def test_data_file_problems(tmp_path, tiny, capsys):
+    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "missing.jsonl")], capsys)
+    assert code == 2 and "no such file" in one_line_error(err)
+    (tmp_path / "empty.jsonl").write_text("")
+    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "empty.jsonl")], capsys)
+    assert code == 2 and "empty" in one_line_error(err)
+    (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": "#### 1"}\nnot json\n')
+    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "bad.jsonl")], capsys)
+    assert code == 2 and "line 2 is not JSON" in one_line_error(err)
+
+
+def test_batch_larger_than_the_data_set(tiny, data_file, capsys):
+    code, err = run_train(["--model", tiny, "--data", data_file, "--prompts-per-step", "64"], capsys)
+    assert code == 2 and "larger than the 36 training problems" in one_line_error(err)
+
+
+def test_architecture_uaq_cannot_fold(tmp_path, data_file, capsys):
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    from qurl_mini.embedded import build_char_tokenizer
+
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=128)).save_pretrained(tmp_path / "gpt2")
+    build_char_tokenizer().save_pretrained(tmp_path / "gpt2")
+    code, err = run_train(["--model", str(tmp_path / "gpt2"), "--data", data_file, "--uaq-scale", "1.5"], capsys)
+    assert code == 2 and "UAQ cannot fold GPT2LMHeadModel" in one_line_error(err)
+
+
+def test_resume_without_a_checkpoint(tmp_path, tiny, data_file, capsys):
+    code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--resume"], capsys)
+    assert code == 2 and "no complete checkpoint" in one_line_error(err)
+
+
+def test_fp8_without_a_kernel_falls_back_to_emulation_with_a_warning(caplog):
+    from qurl_mini.engine import Platform
+
+    assert Platform(cuda=False, fp8_kernel=False).engine_format("fp8") == "fp8-emulated"
+    assert Platform(cuda=True, fp8_kernel=True).engine_format("fp8") == "fp8"
+    assert Platform(cuda=False, fp8_kernel=False).engine_format("int8") == "int8"

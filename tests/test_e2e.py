@@ -1,0 +1,97 @@
+"""End-to-end runs of train.py on the embedded default (slow: minutes). Each run is its own process."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(REPO, ".cache")  # the same warm start the demo uses: built once, reused
+
+
+def train_cmd(out_dir, *flags):
+    return [sys.executable, os.path.join(REPO, "train.py"), "--cache-dir", CACHE, "--out-dir", str(out_dir), *flags]
+
+
+def run_train(out_dir, *flags, timeout=900):
+    proc = subprocess.run(train_cmd(out_dir, *flags), cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+def metrics(run_dir):
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+POLICY_STATS = ("clip_frac", "tis_trunc_frac", "rho_max", "kl_behav_prox", "policy_loss", "grad_norm",
+                "reward_mean", "accuracy", "response_len", "time_rollout", "time_logprob", "time_update", "time_sync")
+
+
+def test_grpo_int8_run_learns_and_logs_the_quantization_picture(tmp_path):
+    run_train(tmp_path, "--algo", "grpo", "--quant", "int8", "--steps", "40", "--eval-every", "20",
+              "--run-name", "learn")
+    run_dir = tmp_path / "learn"
+    summary = json.loads((run_dir / "summary.json").read_text())
+    gain = summary["final_test_accuracy"] - summary["initial_test_accuracy"]
+    print(f"greedy test accuracy {summary['initial_test_accuracy']:.3f} -> {summary['final_test_accuracy']:.3f}")
+    assert gain >= 0.05, summary
+    rows = metrics(run_dir)
+    assert [r["step"] for r in rows] == list(range(1, 41))
+    for r in rows:
+        assert all(k in r for k in POLICY_STATS + ("quant_error_norm", "codes_changed_frac", "weight_update_norm"))
+    mismatch = sorted(abs(r["kl_behav_prox"]) for r in rows)
+    assert 0 < mismatch[len(mismatch) // 2] < 0.01  # small but non-zero: INT8 engine vs fp32 actor
+    sync_share = sorted((r["time_sync"]) / r["time_step"] for r in rows)
+    assert sync_share[len(sync_share) // 2] <= 0.05  # quantize + sync is a small part of a step
+    assert (run_dir / "curves.png").stat().st_size > 10_000
+
+
+@pytest.mark.parametrize("algo", ["ppo", "dapo"])
+def test_ppo_and_dapo_run_end_to_end_with_int8_rollout(tmp_path, algo):
+    run_train(tmp_path, "--algo", algo, "--quant", "int8", "--steps", "4", "--eval-every", "0",
+              "--eval-size", "50", "--run-name", algo)
+    rows = metrics(tmp_path / algo)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:
+        assert all(k in r for k in POLICY_STATS)
+        assert (r["value_loss"] >= 0) if algo == "ppo" else (r["batch_prompts"] >= 1 and "groups_dropped" in r)
+
+
+def test_fp8_on_cpu_is_emulated_and_says_so(tmp_path):
+    proc = run_train(tmp_path, "--quant", "fp8", "--steps", "2", "--eval-every", "0", "--eval-size", "20",
+                     "--run-name", "fp8")
+    assert "EMULATES FP8" in proc.stderr + proc.stdout
+    assert all("quant_error_norm" in r for r in metrics(tmp_path / "fp8"))
+
+
+def test_sigkill_then_resume_continues_exactly(tmp_path):
+    flags = ["--quant", "int8", "--steps", "8", "--save-every", "3", "--keep", "5", "--eval-every", "0",
+             "--eval-size", "20"]
+    run_train(tmp_path / "whole", *flags, "--run-name", "r")
+    proc = subprocess.Popen(train_cmd(tmp_path / "cut", *flags, "--run-name", "r"), cwd=REPO,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    marker = tmp_path / "cut" / "r" / "checkpoints" / "step-000006" / "COMPLETE"
+    deadline = time.time() + 600
+    while not marker.exists() and proc.poll() is None and time.time() < deadline:
+        time.sleep(0.2)
+    assert marker.exists(), "no checkpoint before the kill"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert len(metrics(tmp_path / "cut" / "r")) < 8  # really cut short
+    run_train(tmp_path / "cut", *flags, "--run-name", "r", "--resume")
+
+    whole, cut = metrics(tmp_path / "whole" / "r"), metrics(tmp_path / "cut" / "r")
+    assert [r["step"] for r in cut] == list(range(1, 9))  # no step missing or duplicated
+    assert [r["data_cursor"] for r in cut] == [r["data_cursor"] for r in whole]
+    for key in ("reward_mean", "response_len", "kl_behav_prox", "policy_loss"):
+        assert [r[key] for r in cut] == pytest.approx([r[key] for r in whole], rel=1e-4, abs=1e-6), key
+    from safetensors.torch import load_file
+
+    a = load_file(str(tmp_path / "whole" / "r" / "final" / "model.safetensors"))
+    b = load_file(str(tmp_path / "cut" / "r" / "final" / "model.safetensors"))
+    assert a.keys() == b.keys() and all((a[k] - b[k]).abs().max() < 1e-5 for k in a)
