@@ -21,8 +21,12 @@ def load_actor(model: str, dtype=torch.float32):
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as e:
         raise ModelError(f"--model {model}: not a model folder or hub id ({str(e).splitlines()[0]})") from None
-    if not any(a.endswith("ForCausalLM") for a in (config.architectures or [])):
-        raise ModelError(f"--model {model}: {config.architectures} is not a causal LM (*ForCausalLM)")
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    causal_classes = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())
+    if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
+            config.architectures and not causal_classes & set(config.architectures)):
+        raise ModelError(f"--model {model}: a {config.model_type!r} model {config.architectures} is not a causal LM")
     tokenizer = load_tokenizer(model)
     if tokenizer.eos_token_id is None:
         raise ModelError(f"--model {model}: the tokenizer has no EOS token, so responses could never end")

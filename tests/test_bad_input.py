@@ -20,13 +20,13 @@ def data_file(tmp_path_factory):
     return str(path)
 
 
-def run_train(args, capsys):
+def run_train(args, capfd):
     """(exit code, stderr) of train.py with these flags."""
     try:
         code = train.main(args)
     except SystemExit as e:  # argparse
         code = e.code
-    return code, capsys.readouterr().err
+    return code, capfd.readouterr().err
 
 
 def one_line_error(err):
@@ -56,26 +56,26 @@ def one_line_error(err):
     (["--teacher-slip", "1"], "--teacher-slip must be in [0, 1)"),
     (["--minibatches", "9999"], "--minibatches 9999 exceeds"),
 ])
-def test_bad_flag_values(flags, message, capsys):
-    code, err = run_train(flags, capsys)
+def test_bad_flag_values(flags, message, capfd):
+    code, err = run_train(flags, capfd)
     assert code == 2 and message in one_line_error(err)
 
 
-def test_missing_model_folder(tmp_path, capsys):
-    code, err = run_train(["--model", str(tmp_path / "nope")], capsys)
+def test_missing_model_folder(tmp_path, capfd):
+    code, err = run_train(["--model", str(tmp_path / "nope")], capfd)
     assert code == 2 and "--model" in one_line_error(err) and "no such folder" in one_line_error(err)
 
 
-def test_model_that_is_not_a_causal_lm(tmp_path, capsys):
+def test_model_that_is_not_a_causal_lm(tmp_path, capfd):
     from transformers import BertConfig, BertModel
 
     BertModel(BertConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2, intermediate_size=64)) \
         .save_pretrained(tmp_path / "bert")
-    code, err = run_train(["--model", str(tmp_path / "bert")], capsys)
+    code, err = run_train(["--model", str(tmp_path / "bert")], capfd)
     assert code == 2 and "is not a causal LM" in one_line_error(err)
 
 
-def test_tokenizer_without_eos(tmp_path, tiny, capsys):
+def test_tokenizer_without_eos(tmp_path, tiny, capfd):
     import shutil
 
     broken = shutil.copytree(tiny, tmp_path / "noeos")
@@ -83,39 +83,39 @@ def test_tokenizer_without_eos(tmp_path, tiny, capsys):
     cfg = json.loads(cfg_path.read_text())
     cfg.pop("eos_token", None)
     cfg_path.write_text(json.dumps(cfg))
-    code, err = run_train(["--model", str(broken)], capsys)
+    code, err = run_train(["--model", str(broken)], capfd)
     assert code == 2 and "no EOS token" in one_line_error(err)
 
 
-def test_data_file_problems(tmp_path, tiny, capsys):
-    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "missing.jsonl")], capsys)
+def test_data_file_problems(tmp_path, tiny, capfd):
+    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "missing.jsonl")], capfd)
     assert code == 2 and "no such file" in one_line_error(err)
     (tmp_path / "empty.jsonl").write_text("")
-    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "empty.jsonl")], capsys)
+    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "empty.jsonl")], capfd)
     assert code == 2 and "empty" in one_line_error(err)
     (tmp_path / "bad.jsonl").write_text('{"question": "q", "answer": "#### 1"}\nnot json\n')
-    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "bad.jsonl")], capsys)
+    code, err = run_train(["--model", tiny, "--data", str(tmp_path / "bad.jsonl")], capfd)
     assert code == 2 and "line 2 is not JSON" in one_line_error(err)
 
 
-def test_batch_larger_than_the_data_set(tiny, data_file, capsys):
-    code, err = run_train(["--model", tiny, "--data", data_file, "--prompts-per-step", "64"], capsys)
+def test_batch_larger_than_the_data_set(tiny, data_file, capfd):
+    code, err = run_train(["--model", tiny, "--data", data_file, "--prompts-per-step", "64"], capfd)
     assert code == 2 and "larger than the 36 training problems" in one_line_error(err)
 
 
-def test_architecture_uaq_cannot_fold(tmp_path, data_file, capsys):
+def test_architecture_uaq_cannot_fold(tmp_path, data_file, capfd):
     from transformers import GPT2Config, GPT2LMHeadModel
 
     from qurl_mini.embedded import build_char_tokenizer
 
-    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=128)).save_pretrained(tmp_path / "gpt2")
+    GPT2LMHeadModel(GPT2Config(n_embd=32, n_layer=1, n_head=2, vocab_size=128, bos_token_id=1, eos_token_id=1)).save_pretrained(tmp_path / "gpt2")
     build_char_tokenizer().save_pretrained(tmp_path / "gpt2")
-    code, err = run_train(["--model", str(tmp_path / "gpt2"), "--data", data_file, "--uaq-scale", "1.5"], capsys)
+    code, err = run_train(["--model", str(tmp_path / "gpt2"), "--data", data_file, "--uaq-scale", "1.5"], capfd)
     assert code == 2 and "UAQ cannot fold GPT2LMHeadModel" in one_line_error(err)
 
 
-def test_resume_without_a_checkpoint(tmp_path, tiny, data_file, capsys):
-    code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--resume"], capsys)
+def test_resume_without_a_checkpoint(tmp_path, tiny, data_file, capfd):
+    code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--resume"], capfd)
     assert code == 2 and "no complete checkpoint" in one_line_error(err)
 
 
