@@ -146,8 +146,9 @@ def load_gsm8k_hub(split: str) -> list[Problem]:
 
 def load_problems(data: str, test_data: str | None, n_test: int, seed: int, max_number: int):
     """(train, test) for --data {synthetic, gsm8k, FILE}; a single file is split by seed."""
-    if data == "synthetic":
-        return synthetic_splits(20000, n_test, max_number, seed=1234)
+    if data == "synthetic":  # a fixed held-out pool, so the train split never depends on n_test
+        train, test = synthetic_splits(20000, 1000, max_number, seed=1234)
+        return train, test[:n_test]
     if data == "gsm8k":
         return load_gsm8k_hub("train"), load_gsm8k_hub("test")[:n_test]
     train = load_local(data)

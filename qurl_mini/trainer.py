@@ -120,7 +120,7 @@ class Trainer:
         longest_prompt = max(len(self.tokenizer.encode(p.prompt)) for p in self.train_problems[:2000])
         max_len = 2 ** math.ceil(math.log2(longest_prompt + self.cfg.max_new_tokens + 8))
         engine = RolloutEngine(path, engine_format=self.engine_format, platform=self.platform,
-                               seed=self.cfg.seed + self.start_step, max_model_len=max_len,
+                               seed=self.cfg.seed, max_model_len=max_len,
                                kv_cache_gib=self.cfg.kv_cache_gib,
                                gpu_memory_utilization=self.cfg.gpu_memory_utilization)
         if self.engine_format == "fp8-emulated":

@@ -125,3 +125,25 @@ def test_fp8_without_a_kernel_falls_back_to_emulation_with_a_warning(caplog):
     assert Platform(cuda=False, fp8_kernel=False).engine_format("fp8") == "fp8-emulated"
     assert Platform(cuda=True, fp8_kernel=True).engine_format("fp8") == "fp8"
     assert Platform(cuda=False, fp8_kernel=False).engine_format("int8") == "int8"
+
+
+def test_nan_loss_skips_updates_counts_them_and_stops_after_max_bad_steps(tmp_path, tiny, data_file, capfd,
+                                                                          monkeypatch):
+    import torch
+
+    import qurl_mini.trainer as trainer
+
+    real = trainer.policy_loss
+
+    def nan_loss(*args, **kwargs):
+        loss, stats = real(*args, **kwargs)
+        return loss * torch.tensor(float("nan")), stats
+
+    monkeypatch.setattr(trainer, "policy_loss", nan_loss)
+    code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--run-name", "nan",
+                           "--steps", "5", "--max-bad-steps", "2", "--prompts-per-step", "4", "--eval-every", "0",
+                           "--eval-size", "4", "--save-every", "1", "--max-new-tokens", "8"], capfd)
+    assert code == 2 and "2 steps in a row had a NaN/inf loss" in one_line_error(err)
+    rows = [json.loads(line) for line in open(tmp_path / "nan" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1] and rows[0]["skipped_updates"] == 4  # all 4 minibatches skipped
+    assert os.path.isfile(tmp_path / "nan" / "checkpoints" / "step-000001" / "COMPLETE")  # nothing lost

@@ -104,3 +104,9 @@ def test_saved_char_tokenizer_loads_back_identically(tmp_path):
     _, tok = load_actor(build_tiny_model(str(tmp_path / "m"), layers=1, hidden=64, heads=2, kv_heads=1))
     text = "Q: Ann has 3 apples.\nA: 3+4=7\n#### 7"
     assert tok.encode(text) == build_char_tokenizer().encode(text) and tok.decode(tok.encode(text)) == text
+
+
+def test_synthetic_train_split_does_not_depend_on_the_test_size():
+    train_a, test_a = load_problems("synthetic", None, n_test=20, seed=0, max_number=10)
+    train_b, test_b = load_problems("synthetic", None, n_test=200, seed=0, max_number=10)
+    assert train_a == train_b and test_b[:20] == test_a and len(test_b) == 200
