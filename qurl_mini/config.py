@@ -27,7 +27,7 @@ class Config:
     test_data: Optional[str] = _f(None, "held-out .jsonl/.parquet file (default: split off --data)")
     uaq_scale: float = _f(1.0, "UAQ invariant scale s (Eq. 11); 1.0 = off, 1.5 recommended with --quant")
     # rollout
-    steps: int = _f(60, "RL steps (one rollout batch + its updates each)")
+    steps: int = _f(40, "RL steps (one rollout batch + its updates each)")
     prompts_per_step: int = _f(32, "prompts per rollout batch")
     group_size: int = _f(8, "responses sampled per prompt (G)")
     temperature: float = _f(1.0, "sampling temperature of the rollout")
@@ -63,7 +63,7 @@ class Config:
     max_bad_steps: int = _f(3, "stop after this many NaN/inf updates in a row")
     mismatch_warn_kl: float = _f(0.05, "warn once when KL(behav||prox) exceeds this")
     # the embedded warm start
-    sft_steps: int = _f(240, "SFT steps of the embedded model's warm start")
+    sft_steps: int = _f(400, "SFT steps of the embedded model's warm start")
     sft_lr: float = _f(3e-3, "SFT learning rate of the embedded warm start")
     teacher_slip: float = _f(0.55, "embedded warm start: share of SFT demonstrations that are off by one")
     max_number: int = _f(10, "largest number in the synthetic problems")

@@ -29,7 +29,7 @@ def read_metrics(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
-def plot_metrics(path: str, out_png: str) -> str:
+def plot_metrics(path: str, out_png: str, initial_test_accuracy: float | None = None) -> str:
     """Reward, accuracy (sampled and greedy test) and the engine/actor gap over the steps."""
     import matplotlib
 
@@ -41,7 +41,8 @@ def plot_metrics(path: str, out_png: str) -> str:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     axes[0].plot(steps, [r.get("reward_mean") for r in rows], label="reward (mean of samples)")
     axes[0].plot(steps, [r.get("accuracy") for r in rows], label="sampled accuracy")
-    evals = [(r["step"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
+    evals = [(0, initial_test_accuracy)] if initial_test_accuracy is not None else []
+    evals += [(r["step"], r["test_accuracy"]) for r in rows if r.get("test_accuracy") is not None]
     if evals:
         axes[0].plot(*zip(*evals), "o-", label="greedy test accuracy")
     axes[0].set_title("reward and accuracy")

@@ -148,7 +148,8 @@ class Trainer:
         final_dir = os.path.join(self.run_dir, "final")
         self.actor.save_pretrained(final_dir, safe_serialization=True)
         self.tokenizer.save_pretrained(final_dir)
-        plot = plot_metrics(self.metrics.path, os.path.join(self.run_dir, "curves.png"))
+        plot = plot_metrics(self.metrics.path, os.path.join(self.run_dir, "curves.png"),
+                            summary.get("initial_test_accuracy"))
         summary.update(final_test_accuracy=self.evaluate(), final_model=final_dir, plot=plot,
                        base_model=self.base_model, metrics=self.metrics.path, config=cfg.to_dict())
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:

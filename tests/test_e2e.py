@@ -33,15 +33,15 @@ POLICY_STATS = ("clip_frac", "tis_trunc_frac", "rho_max", "kl_behav_prox", "poli
 
 
 def test_grpo_int8_run_learns_and_logs_the_quantization_picture(tmp_path):
-    run_train(tmp_path, "--algo", "grpo", "--quant", "int8", "--steps", "40", "--eval-every", "20",
+    run_train(tmp_path, "--algo", "grpo", "--quant", "int8", "--steps", "20", "--eval-every", "10",
               "--run-name", "learn")
     run_dir = tmp_path / "learn"
     summary = json.loads((run_dir / "summary.json").read_text())
     gain = summary["final_test_accuracy"] - summary["initial_test_accuracy"]
     print(f"greedy test accuracy {summary['initial_test_accuracy']:.3f} -> {summary['final_test_accuracy']:.3f}")
-    assert gain >= 0.05, summary
+    assert gain >= 0.10, summary
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, 41))
+    assert [r["step"] for r in rows] == list(range(1, 21))
     for r in rows:
         assert all(k in r for k in POLICY_STATS + ("quant_error_norm", "codes_changed_frac", "weight_update_norm"))
     mismatch = sorted(abs(r["kl_behav_prox"]) for r in rows)
