@@ -123,5 +123,5 @@ def sync_state(actor, engine_format: str):
     if engine_format == "bf16":
         return [(n, t.detach().to(torch.bfloat16)) for n, t in actor.state_dict().items()], {}
     if engine_format == "fp8-emulated":
-        return quant.dequantized_state(actor, "fp8")
+        return quant.quantized_state(actor, "fp8", emulate=True)
     return quant.quantized_state(actor, engine_format)

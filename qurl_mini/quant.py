@@ -75,30 +75,21 @@ def fake_quantized(model, fmt: str):
 # ----- checkpoint format (compressed-tensors) --------------------------------------------------
 
 
-def quantized_state(model, fmt: str, dtype=torch.bfloat16):
+def quantized_state(model, fmt: str, dtype=torch.bfloat16, emulate: bool = False):
     """(name, tensor) pairs in checkpoint format: `*.weight` codes + `*.weight_scale` for each
-    decoder projection, everything else as `dtype`. Also returns {name: (codes, scale)}."""
+    decoder projection, everything else as `dtype`. Also returns {name: (codes, scale)}.
+    emulate=True instead gives those weights rounded to the grid, as `dtype` (FP8 emulation)."""
     targets = {f"{n}.weight" for n in quant_target_names(model)}
     pairs, quantized = [], {}
     for name, tensor in model.state_dict().items():
-        if name in targets:
-            q, scale = quantized[name] = quantize_weight(tensor, fmt)
-            pairs += [(name, q), (name.removesuffix("weight") + "weight_scale", scale)]
-        else:
+        if name not in targets:
             pairs.append((name, tensor.detach().to(dtype)))
-    return pairs, quantized
-
-
-def dequantized_state(model, fmt: str, dtype=torch.bfloat16):
-    """Weights rounded to the quantization grid and stored as `dtype` (FP8 emulation)."""
-    targets = {f"{n}.weight" for n in quant_target_names(model)}
-    pairs, quantized = [], {}
-    for name, tensor in model.state_dict().items():
-        if name in targets:
-            q, scale = quantized[name] = quantize_weight(tensor, fmt)
+            continue
+        q, scale = quantized[name] = quantize_weight(tensor, fmt)
+        if emulate:
             pairs.append((name, dequantize(q, scale).to(dtype)))
         else:
-            pairs.append((name, tensor.detach().to(dtype)))
+            pairs += [(name, q), (name.removesuffix("weight") + "weight_scale", scale)]
     return pairs, quantized
 
 
