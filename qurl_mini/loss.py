@@ -80,8 +80,8 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, cli
     with torch.no_grad():
         # a token is clipped when the min picks the clipped branch (its gradient is then zero)
         ratio = R_hat if objective == "naive" else R
-        weight = {"decoupled": rho, "tis": torch.clamp(rho, max=tis_cap),
-                  "acr": torch.clamp(rho, max=tis_cap)}.get(objective, torch.ones_like(rho))
+        truncated = torch.clamp(rho, max=tis_cap)
+        weight = {"decoupled": rho, "tis": truncated, "acr": truncated}.get(objective, torch.ones_like(rho))
         clipped = (per_token < weight * ratio * advantages - 1e-12).to(mask.dtype)
         present = mask > 0
         stats = {

@@ -111,14 +111,16 @@ def compressed_tensors_config(fmt: str) -> dict:
     }
 
 
-def save_quantized_checkpoint(model, tokenizer, out_dir: str, fmt: str) -> str:
-    """An HF folder that plain `vllm.LLM(model=out_dir)` loads as a W8A8 model."""
+def save_quantized_checkpoint(model, tokenizer, out_dir: str, fmt: str, pairs=None) -> str:
+    """An HF folder that plain `vllm.LLM(model=out_dir)` loads as a W8A8 model
+    (`pairs`: the model's `quantized_state`, when the caller already has it)."""
     from safetensors.torch import save_file
 
     tmp_dir = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     os.makedirs(tmp_dir)
-    pairs, _ = quantized_state(model, fmt)
+    if pairs is None:
+        pairs, _ = quantized_state(model, fmt)
     tied = getattr(model.config, "tie_word_embeddings", False)
     tensors = {n: t.contiguous() for n, t in pairs if not (tied and n == "lm_head.weight")}
     save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})

@@ -108,24 +108,19 @@ class Trainer:
     def _start_engine(self) -> RolloutEngine:
         """Write the (quantized) actor as a checkpoint and start vLLM on it."""
         path = os.path.join(self.run_dir, f"engine-init-{self.engine_format}")
-        _, quantized = sync_state(self.actor, self.engine_format)
+        pairs, quantized = sync_state(self.actor, self.engine_format)
         if self.engine_format in ("int8", "fp8"):
-            quant.save_quantized_checkpoint(self.actor, self.tokenizer, path, self.engine_format)
-        else:  # bf16 engine (also FP8 emulation: the weights are rounded at every sync)
-            bf16 = {k: v.detach().to(torch.bfloat16) for k, v in self.actor.state_dict().items()}
-            self.actor.save_pretrained(path, state_dict=bf16, safe_serialization=True)
+            quant.save_quantized_checkpoint(self.actor, self.tokenizer, path, self.engine_format, pairs)
+        else:  # a bf16 engine; for FP8 emulation its weights are already on the e4m3 grid
+            self.actor.save_pretrained(path, state_dict=dict(pairs), safe_serialization=True)
             self.tokenizer.save_pretrained(path)
         if quantized:
             self.monitor.measure(self.actor, quantized)
         longest_prompt = max(len(self.tokenizer.encode(p.prompt)) for p in self.train_problems[:2000])
         max_len = 2 ** math.ceil(math.log2(longest_prompt + self.cfg.max_new_tokens + 8))
-        engine = RolloutEngine(path, engine_format=self.engine_format, platform=self.platform,
-                               seed=self.cfg.seed, max_model_len=max_len,
-                               kv_cache_gib=self.cfg.kv_cache_gib,
-                               gpu_memory_utilization=self.cfg.gpu_memory_utilization)
-        if self.engine_format == "fp8-emulated":
-            engine.load_weights(sync_state(self.actor, self.engine_format)[0])
-        return engine
+        return RolloutEngine(path, engine_format=self.engine_format, platform=self.platform,
+                             seed=self.cfg.seed, max_model_len=max_len, kv_cache_gib=self.cfg.kv_cache_gib,
+                             gpu_memory_utilization=self.cfg.gpu_memory_utilization)
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -166,8 +161,7 @@ class Trainer:
 
         # 1-2. rollout on the (quantized) engine, rewards
         with timer("rollout"):
-            self.engine.wake()
-            groups, problems, rewards, correct, stats = self.rollout()
+            groups, problems, rewards, correct, stats = self.rollout()  # the engine is awake here
             self.engine.sleep()
         prompts = [r.prompt_ids for g in groups for r in g]
         responses = [r.response_ids for g in groups for r in g]
