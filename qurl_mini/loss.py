@@ -4,49 +4,65 @@ Three policies score every sampled token (all as log-probabilities, tensors [B, 
     logp        pi_theta   the actor being updated (carries the gradient)
     prox_logp   pi_prox    the full-precision old actor, recomputed before the update
     behav_logp  pi_behav   the (quantized) rollout engine that sampled the token
-With R = pi_theta/pi_prox, R_hat = pi_theta/pi_behav and rho = pi_prox/pi_behav:
+With R = pi_theta/pi_prox, R_hat = pi_theta/pi_behav and rho = pi_prox/pi_behav, every objective
+below is one weighted PPO surrogate  weight * min(ratio * A, clip(ratio, low, high) * A).
 """
+from dataclasses import dataclass
+
 import torch
 
-OBJECTIVES = ("ppo", "naive", "decoupled", "tis", "acr")
 AGGREGATIONS = ("token-mean", "seq-mean-token-mean")
 
 
-def clipped_surrogate(ratio, advantages, low, high):
-    """min(ratio * A, clip(ratio, low, high) * A), the PPO surrogate."""
-    clipped = torch.minimum(torch.clamp(ratio, min=low), torch.as_tensor(high, dtype=ratio.dtype))
-    return torch.minimum(ratio * advantages, clipped * advantages)
+@dataclass
+class ClippedSurrogate:
+    """weight * min(ratio * A, clip(ratio, low, high) * A): the pieces one objective chooses."""
+    weight: torch.Tensor | float
+    ratio: torch.Tensor
+    low: torch.Tensor | float
+    high: torch.Tensor | float
+
+    def per_token(self, A):
+        clipped = torch.minimum(torch.clamp(self.ratio, min=self.low), torch.as_tensor(self.high))
+        return self.weight * torch.minimum(self.ratio * A, clipped * A)
+
+    # The min takes the clipped branch (and the token's gradient is zero) exactly when:
+    def clipped_above(self, A):
+        return (A > 0) & (self.ratio > self.high)
+
+    def clipped_below(self, A):
+        return (A < 0) & (self.ratio < self.low)
 
 
-def objective_ppo(R, R_hat, rho, A, eps_low, eps_high, C):
+def objective_ppo(R, R_hat, rho, eps_low, eps_high, C):
     """Eq. 1: full-precision old actor as the denominator, no correction for the sampler."""
-    return clipped_surrogate(R, A, 1 - eps_low, 1 + eps_high)
+    return ClippedSurrogate(weight=1.0, ratio=R, low=1 - eps_low, high=1 + eps_high)
 
 
-def objective_naive(R, R_hat, rho, A, eps_low, eps_high, C):
+def objective_naive(R, R_hat, rho, eps_low, eps_high, C):
     """Eq. 3: the quantized sampler as the old policy (ratio R_hat)."""
-    return clipped_surrogate(R_hat, A, 1 - eps_low, 1 + eps_high)
+    return ClippedSurrogate(weight=1.0, ratio=R_hat, low=1 - eps_low, high=1 + eps_high)
 
 
-def objective_decoupled(R, R_hat, rho, A, eps_low, eps_high, C):
+def objective_decoupled(R, R_hat, rho, eps_low, eps_high, C):
     """Eq. 4: decoupled PPO, importance weight rho, clipping around pi_prox."""
-    return rho * clipped_surrogate(R, A, 1 - eps_low, 1 + eps_high)
+    return ClippedSurrogate(weight=rho, ratio=R, low=1 - eps_low, high=1 + eps_high)
 
 
-def objective_tis(R, R_hat, rho, A, eps_low, eps_high, C):
+def objective_tis(R, R_hat, rho, eps_low, eps_high, C):
     """Eq. 5 (FlashRL): decoupled PPO with the importance weight truncated at C."""
-    return torch.clamp(rho, max=C) * clipped_surrogate(R, A, 1 - eps_low, 1 + eps_high)
+    return ClippedSurrogate(weight=torch.clamp(rho, max=C), ratio=R, low=1 - eps_low, high=1 + eps_high)
 
 
-def objective_acr(R, R_hat, rho, A, eps_low, eps_high, C):
+def objective_acr(R, R_hat, rho, eps_low, eps_high, C):
     """Eq. 9 (QuRL ACR): TIS whose upper clip bound grows to (1+eps)/r where pi_behav was truncated."""
-    # r = pi_behav / max(pi_behav, pi_prox / C) = 1 / max(1, rho / C)                   (Eq. 6-7)
-    r = 1.0 / torch.clamp(rho / C, min=1.0)
-    return torch.clamp(rho, max=C) * clipped_surrogate(R, A, 1 - eps_low, (1 + eps_high) / r)
+    r = 1.0 / torch.clamp(rho / C, min=1.0)  # r = pi_behav / max(pi_behav, pi_prox / C)   (Eq. 6-7)
+    return ClippedSurrogate(weight=torch.clamp(rho, max=C), ratio=R, low=1 - eps_low, high=(1 + eps_high) / r)
 
 
 OBJECTIVE_FNS = {"ppo": objective_ppo, "naive": objective_naive, "decoupled": objective_decoupled,
                  "tis": objective_tis, "acr": objective_acr}
+OBJECTIVES = tuple(OBJECTIVE_FNS)
 
 
 def masked_mean(x, mask, dim=None):
@@ -64,34 +80,52 @@ def aggregate(per_token, mask, agg):
     raise ValueError(f"unknown aggregation {agg!r}; choose from {AGGREGATIONS}")
 
 
+def aggregation_units(mask, agg):
+    """What `aggregate` averages over: tokens ('token-mean') or non-empty rows. Micro-batches of one
+    minibatch are weighted by their share of these units, so accumulation equals one big batch."""
+    if agg not in AGGREGATIONS:
+        raise ValueError(f"unknown aggregation {agg!r}; choose from {AGGREGATIONS}")
+    return mask.sum() if agg == "token-mean" else (mask.sum(-1) > 0).sum()
+
+
 def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, clip_low=0.2,
                 clip_high=0.2, tis_cap=2.0, agg="token-mean"):
     """loss = -aggregate(objective per token), and stats about clipping and the sampler gap."""
     if objective not in OBJECTIVE_FNS:
         raise ValueError(f"unknown objective {objective!r}; choose from {OBJECTIVES}")
     mask = mask.to(logp.dtype)
-    prox_logp, behav_logp, advantages = prox_logp.detach(), behav_logp.detach(), advantages.detach()
+    prox_logp, behav_logp, A = prox_logp.detach(), behav_logp.detach(), advantages.detach()
     R = torch.exp(logp - prox_logp)
     R_hat = torch.exp(logp - behav_logp)
     rho = torch.exp(prox_logp - behav_logp)
-    per_token = OBJECTIVE_FNS[objective](R, R_hat, rho, advantages, clip_low, clip_high, tis_cap)
-    loss = -aggregate(per_token, mask, agg)
-
+    surrogate = OBJECTIVE_FNS[objective](R, R_hat, rho, clip_low, clip_high, tis_cap)
+    loss = -aggregate(surrogate.per_token(A), mask, agg)
     with torch.no_grad():
-        # a token is clipped when the min picks the clipped branch (its gradient is then zero)
-        ratio = R_hat if objective == "naive" else R
-        truncated = torch.clamp(rho, max=tis_cap)
-        weight = {"decoupled": rho, "tis": truncated, "acr": truncated}.get(objective, torch.ones_like(rho))
-        clipped = (per_token < weight * ratio * advantages - 1e-12).to(mask.dtype)
-        present = mask > 0
-        stats = {
-            "clip_frac": masked_mean(clipped, mask).item(),
-            "tis_trunc_frac": masked_mean((rho > tis_cap).to(mask.dtype), mask).item(),
-            "rho_max": rho[present].max().item() if present.any() else 1.0,
-            "kl_behav_prox": masked_mean(behav_logp - prox_logp, mask).item(),
-            "ratio_mean": masked_mean(ratio, mask).item(),
-        }
+        stats = surrogate_stats(surrogate, A, rho, mask, plain_high=1 + clip_high, tis_cap=tis_cap)
+        stats["kl_behav_prox"] = masked_mean(behav_logp - prox_logp, mask).item()
     return loss, stats
+
+
+def surrogate_stats(surrogate: ClippedSurrogate, A, rho, mask, *, plain_high, tis_cap) -> dict:
+    """Shares of response tokens: clipped above / below (the paper's Fig. 2b), upper bound widened
+    by ACR (r < 1, the same tokens as rho > C) and 'rescued' by it (A > 0, ratio between 1+eps and
+    (1+eps)/r: TIS would clip them, ACR keeps their gradient)."""
+    def share(flags):
+        return masked_mean(flags.to(mask.dtype), mask).item()
+
+    ratio, high = surrogate.ratio, torch.as_tensor(surrogate.high)
+    above, below = share(surrogate.clipped_above(A)), share(surrogate.clipped_below(A))
+    present = mask > 0
+    return {
+        "clip_frac": above + below,
+        "clip_frac_upper": above,
+        "clip_frac_lower": below,
+        "clip_widened_frac": share(high > plain_high),
+        "clip_rescued_frac": share((A > 0) & (ratio > plain_high) & (ratio <= high)),
+        "tis_trunc_frac": share(rho > tis_cap),
+        "rho_max": rho[present].max().item() if present.any() else 1.0,
+        "ratio_mean": masked_mean(ratio, mask).item(),
+    }
 
 
 def kl_k3(logp, ref_logp):
@@ -105,4 +139,3 @@ def value_loss(values, old_values, returns, mask, clip=0.2):
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     loss = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
     return masked_mean(loss, mask)
-

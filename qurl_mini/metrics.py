@@ -49,9 +49,12 @@ def plot_metrics(path: str, out_png: str, initial_test_accuracy: float | None = 
     axes[0].legend()
     axes[1].plot(steps, [r.get("kl_behav_prox") for r in rows])
     axes[1].set_title("KL(behav || prox): engine vs actor")
-    axes[2].plot(steps, [r.get("clip_frac") for r in rows], label="clip fraction")
-    axes[2].plot(steps, [r.get("tis_trunc_frac") for r in rows], label="rho > C fraction")
-    axes[2].set_title("clipping")
+    axes[2].plot(steps, [r.get("clip_frac_upper") for r in rows], label="clipped above (A > 0)")
+    axes[2].plot(steps, [-r["clip_frac_lower"] if r.get("clip_frac_lower") is not None else None for r in rows],
+                 label="clipped below (A < 0), negated")
+    axes[2].plot(steps, [r.get("tis_trunc_frac") for r in rows], ":", label="rho > C (ACR widens these)")
+    axes[2].axhline(0, color="black", lw=0.5)
+    axes[2].set_title("share of response tokens clipped")
     axes[2].legend()
     for ax in axes:
         ax.set_xlabel("step")

@@ -117,3 +117,77 @@ def test_value_loss_takes_the_larger_of_clipped_and_unclipped():
         torch.ones(1, 2)
     # token 0: unclipped (1-0)^2 = 1, clipped to 0.7: 0.49 -> 1; token 1: (0-2)^2 = 4 both -> mean 0.5*(1+4)/2
     assert value_loss(values, old, returns, mask, clip=0.2).item() == pytest.approx(1.25)
+
+
+# Clipping is decided by which branch of the min is active (issue: products compared in floating
+# point reported 18% "clipped" tokens for weighted objectives where none was). C = 2, eps = 0.2.
+#   (pi_theta, pi_prox, pi_behav, A), and for each objective: "above", "below" or None
+CLIP_TOKENS = [
+    ((0.60, 0.40, 0.40, +1.0), dict(ppo="above", naive="above", decoupled="above", tis="above", acr="above")),
+    ((0.20, 0.40, 0.40, -1.0), dict(ppo="below", naive="below", decoupled="below", tis="below", acr="below")),
+    ((0.20, 0.40, 0.40, +1.0), dict(ppo=None, naive=None, decoupled=None, tis=None, acr=None)),  # R < low, A > 0
+    ((0.60, 0.40, 0.40, -1.0), dict(ppo=None, naive=None, decoupled=None, tis=None, acr=None)),  # R > high, A < 0
+    # R = 1.5, rho = 3 > C: ACR's bound is 1.2 / (2/3) = 1.8, so ACR alone keeps this token
+    ((0.45, 0.30, 0.10, +1.0), dict(ppo="above", naive="above", decoupled="above", tis="above", acr=None)),
+    # R = 2.0 is above even ACR's widened bound 1.8
+    ((0.60, 0.30, 0.10, +1.0), dict(ppo="above", naive="above", decoupled="above", tis="above", acr="above")),
+    # R = 0.5, rho = 3, A < 0: the lower bound is not widened; naive's R_hat = 1.5 is not clipped for A < 0
+    ((0.15, 0.30, 0.10, -1.0), dict(ppo="below", naive=None, decoupled="below", tis="below",
+                                    acr="below")),
+    # R = 1, rho = 0.5: only naive's R_hat = 0.5 is outside, below for A < 0
+    ((0.30, 0.30, 0.60, -1.0), dict(ppo=None, naive="below", decoupled=None, tis=None, acr=None)),
+    ((0.60, 0.40, 0.40, 0.0), dict(ppo=None, naive=None, decoupled=None, tis=None, acr=None)),  # A = 0: never
+]
+
+
+def _clip_batch():
+    """The 9 tokens in a [2, 6] batch; the 3 padding positions hold ratios that would be clipped."""
+    logp, prox, behav = torch.full((2, 6), math.log(0.9)), torch.full((2, 6), math.log(0.1)), torch.full((2, 6), -5.0)
+    adv, mask = torch.ones(2, 6), torch.zeros(2, 6)
+    for k, ((theta, p, b, a), _) in enumerate(CLIP_TOKENS):
+        i, j = divmod(k, 6)
+        logp[i, j], prox[i, j], behav[i, j], adv[i, j], mask[i, j] = math.log(theta), math.log(p), math.log(b), a, 1
+    return logp.requires_grad_(), prox, behav, adv, mask
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_clip_fractions_split_by_bound_match_hand_classification(objective):
+    logp, prox, behav, adv, mask = _clip_batch()
+    loss, stats = policy_loss(logp, prox, behav, adv, mask, objective=objective, tis_cap=2.0)
+    kinds = [t[1][objective] for t in CLIP_TOKENS]
+    n = len(CLIP_TOKENS)
+    assert stats["clip_frac_upper"] == pytest.approx(kinds.count("above") / n)
+    assert stats["clip_frac_lower"] == pytest.approx(kinds.count("below") / n)
+    assert stats["clip_frac"] == pytest.approx((kinds.count("above") + kinds.count("below")) / n)
+    # the definition agrees with autograd: a token (A != 0) is clipped exactly when its gradient is zero
+    loss.backward()
+    for k, ((_, _, _, a), kind) in enumerate(CLIP_TOKENS):
+        if a != 0:
+            assert (logp.grad[divmod(k, 6)].item() == 0) == (kind[objective] is not None), (k, kind)
+
+
+def test_acr_reports_its_widened_and_rescued_tokens():
+    logp, prox, behav, adv, mask = _clip_batch()
+    _, acr = policy_loss(logp, prox, behav, adv, mask, objective="acr", tis_cap=2.0)
+    assert acr["clip_widened_frac"] == pytest.approx(3 / 9)  # tokens 4, 5, 6 have rho = 3 > C
+    assert acr["clip_widened_frac"] == pytest.approx(acr["tis_trunc_frac"])  # r < 1 <=> rho > C
+    assert acr["clip_rescued_frac"] == pytest.approx(1 / 9)  # token 4: 1.2 < R = 1.5 <= 1.8
+    _, tis = policy_loss(logp, prox, behav, adv, mask, objective="tis", tis_cap=2.0)
+    assert tis["clip_widened_frac"] == 0 and tis["clip_rescued_frac"] == 0
+    assert tis["clip_frac_upper"] - acr["clip_frac_upper"] == pytest.approx(acr["clip_rescued_frac"])
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_nothing_is_clipped_when_every_ratio_is_inside_the_bounds(objective):
+    torch.manual_seed(0)
+    B, T = 64, 20
+    prox = -torch.rand(B, T) * 2
+    A, mask = torch.randn(B, 1).expand(B, T).contiguous(), torch.ones(B, T)
+    # R == 1 and pi_behav == pi_prox: every ratio is exactly 1
+    _, stats = policy_loss(prox.clone(), prox, prox.clone(), A, mask, objective=objective)
+    assert stats["clip_frac"] == 0 and stats["clip_frac_upper"] == 0 and stats["clip_frac_lower"] == 0
+    # R within [0.92, 1.07] and R_hat, rho close to 1 as well (the weight rho != 1 must not matter)
+    behav = prox + 0.01 * torch.randn(B, T)
+    logp = prox + 0.02 * torch.randn(B, T)
+    _, stats = policy_loss(logp, prox, behav, A, mask, objective=objective)
+    assert stats["clip_frac"] == 0 and stats["clip_widened_frac"] == 0
