@@ -32,6 +32,7 @@ def main() -> None:
     from qurl_mini.data import synthetic_splits
     from qurl_mini.embedded import build_tiny_model
     from qurl_mini.engine import Platform, RolloutEngine, sync_state
+    from qurl_mini.hardware import describe_cpu
 
     tmp = tempfile.mkdtemp()
     model_dir = build_tiny_model(os.path.join(tmp, "m"), layers=args.layers, hidden=args.hidden, heads=args.heads)
@@ -55,7 +56,8 @@ def main() -> None:
         results[fmt] = (statistics.median(rates), statistics.median(syncs))
         del engine
         gc.collect()
-    print(f"\nmodel: {args.layers} layers, d={args.hidden}; {args.prompts} prompts x {args.n} samples x {args.tokens} tokens")
+    print(f"\nCPU: {describe_cpu()}")
+    print(f"model: {args.layers} layers, d={args.hidden}; {args.prompts} prompts x {args.n} samples x {args.tokens} tokens")
     for fmt, (rate, sync) in results.items():
         print(f"{fmt:5s} decode {rate:9.0f} tokens/s   quantize+sync {1000 * sync:7.1f} ms")
     print(f"int8 / bf16 decode throughput ratio: {results['int8'][0] / results['bf16'][0]:.2f}")

@@ -38,12 +38,12 @@ def _write_int8_linear(layer, kernel, w_q: torch.Tensor, w_scale: torch.Tensor, 
     scale = getattr(layer, w_s_name)
     scale.data.copy_(w_scale.to(scale.dtype).reshape(scale.shape))  # in place: the handler points here
 
-    method = kernel.linear_method.__func__
-    if method is type(kernel)._apply_weights_sgl:
+    method = getattr(kernel.linear_method, "__func__", kernel.linear_method)
+    if method is getattr(type(kernel), "_apply_weights_sgl", None):  # only in builds with the sgl kernel
         getattr(layer, w_q_name).data.copy_(torch.ops._C.convert_weight_packed(w_q))
         if getattr(layer, "bias_fp32", None) is not None and layer.bias is not None:
             layer.bias_fp32.data.copy_(layer.bias.float())
-    elif method is type(kernel)._apply_weights_onednn:
+    elif method is getattr(type(kernel), "_apply_weights_onednn", None):
         w_kn = w_q.t()
         azp_adj = getattr(layer, azp_adj_name, None)
         if azp_adj is not None:
@@ -52,7 +52,8 @@ def _write_int8_linear(layer, kernel, w_q: torch.Tensor, w_scale: torch.Tensor, 
         kernel.dnnl_handler = ops.create_onednn_scaled_mm(
             w_kn, scale, out_dtype, getattr(layer, i_s_name) is None, not kernel.config.input_symmetric, 32)
     else:
-        raise RuntimeError(f"unknown CPU int8 linear method {kernel.linear_method}")
+        raise RuntimeError(f"in-place INT8 sync does not know vLLM's CPU int8 path "
+                           f"{getattr(method, '__name__', method)!r} (known: _apply_weights_onednn, _apply_weights_sgl)")
 
 
 @torch.no_grad()

@@ -110,3 +110,15 @@ def test_synthetic_train_split_does_not_depend_on_the_test_size():
     train_a, test_a = load_problems("synthetic", None, n_test=20, seed=0, max_number=10)
     train_b, test_b = load_problems("synthetic", None, n_test=200, seed=0, max_number=10)
     assert train_a == train_b and test_b[:20] == test_a and len(test_b) == 200
+
+
+def test_cpu_isa_names_the_instructions_that_decide_quantized_speed():
+    from qurl_mini.hardware import has_bf16_arithmetic, has_int8_dot_product, isa
+
+    avx2 = frozenset("fpu sse4_2 avx avx2 fma".split())
+    avx512 = avx2 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}
+    amx = avx512 | {"amx_tile", "amx_int8", "amx_bf16"}
+    assert (isa(avx2), has_int8_dot_product(avx2), has_bf16_arithmetic(avx2)) == ("AVX2", False, False)
+    assert (isa(avx512), has_int8_dot_product(avx512), has_bf16_arithmetic(avx512)) == ("AVX-512 VNNI+BF16", True, True)
+    assert isa(amx) == "AMX" and isa(avx2 | {"avx_vnni"}) == "AVX2+AVX-VNNI"
+    assert has_int8_dot_product(avx2 | {"avx_vnni"}) and not has_bf16_arithmetic(avx2 | {"avx_vnni"})

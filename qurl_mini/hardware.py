@@ -1,0 +1,72 @@
+"""What CPU this is, in the terms that decide quantized-rollout speed on it.
+
+INT8 W8A8 pays off on a CPU only with int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI, AMX;
+Arm's dot-product/i8mm), and bf16 is fast only with bf16 arithmetic (AVX-512 BF16, AMX): on an
+AVX2-only CPU vLLM emulates it and an fp32 engine is several times faster.
+"""
+import functools
+import platform
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_flags() -> frozenset[str]:
+    """The kernel's CPU feature flags (x86 'flags', Arm 'Features'); empty where unknown."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("flags", "Features"):
+                    return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+@functools.lru_cache(maxsize=None)
+def cpu_model() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() in ("model name", "Model name", "CPU part") and value.strip():
+                    return value.strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+# (name, flags that must all be present), best first
+ISA_LEVELS = (
+    ("AMX", {"amx_tile", "amx_int8", "amx_bf16"}),
+    ("AVX-512 VNNI+BF16", {"avx512_vnni", "avx512_bf16"}),
+    ("AVX-512 VNNI", {"avx512_vnni"}),
+    ("AVX-512", {"avx512f"}),
+    ("AVX2+AVX-VNNI", {"avx2", "avx_vnni"}),
+    ("AVX2", {"avx2"}),
+    ("Arm i8mm+bf16", {"i8mm", "bf16"}),
+    ("Arm dotprod", {"asimddp"}),
+)
+
+
+def isa(flags=None) -> str:
+    flags = cpu_flags() if flags is None else flags
+    return next((name for name, need in ISA_LEVELS if need <= flags), platform.machine())
+
+
+def has_int8_dot_product(flags=None) -> bool:
+    flags = cpu_flags() if flags is None else flags
+    return bool(flags & {"avx512_vnni", "avx_vnni", "amx_int8", "asimddp", "i8mm"})
+
+
+def has_bf16_arithmetic(flags=None) -> bool:
+    flags = cpu_flags() if flags is None else flags
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
+
+
+def describe_cpu() -> str:
+    """e.g. 'AMD EPYC, 2 cores, AVX-512 VNNI+BF16 (int8 dot product: yes, bf16 arithmetic: yes)'."""
+    import os
+
+    yes = {True: "yes", False: "no"}
+    return (f"{cpu_model()}, {os.cpu_count()} cores, {isa()} (int8 dot product: {yes[has_int8_dot_product()]}, "
+            f"bf16 arithmetic: {yes[has_bf16_arithmetic()]})")
