@@ -1,6 +1,5 @@
-"""The full-precision HF actor (and PPO's critic): loading, batching and per-token log-probs."""
+"""The full-precision HF actor (and PPO's critic): loading and per-token log-probs of a SequenceBatch."""
 import os
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -51,39 +50,6 @@ def load_tokenizer(model: str):
     return AutoTokenizer.from_pretrained(model)
 
 
-@dataclass
-class SequenceBatch:
-    """Prompt+response rows, right-padded. Per-token tensors are [N, L-1], aligned with targets
-    input_ids[:, 1:]; response_mask is 1 where the target is a response token."""
-    input_ids: torch.Tensor
-    attention_mask: torch.Tensor
-    response_mask: torch.Tensor
-
-    def __len__(self):
-        return self.input_ids.shape[0]
-
-
-def pack_sequences(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> SequenceBatch:
-    rows = [p + r for p, r in zip(prompts, responses)]
-    width = max(map(len, rows))
-    input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
-    attention = torch.zeros((len(rows), width), dtype=torch.long)
-    response_mask = torch.zeros((len(rows), width - 1))
-    for i, (p, r) in enumerate(zip(prompts, responses)):
-        input_ids[i, : len(p) + len(r)] = torch.tensor(p + r)
-        attention[i, : len(p) + len(r)] = 1
-        response_mask[i, len(p) - 1: len(p) - 1 + len(r)] = 1
-    return SequenceBatch(input_ids, attention, response_mask)
-
-
-def align_per_token(values: list[list[float]], prompts: list[list[int]], width: int) -> torch.Tensor:
-    """Place one value per response token at its position in the [N, L-1] layout."""
-    out = torch.zeros((len(values), width - 1))
-    for i, (v, p) in enumerate(zip(values, prompts)):
-        out[i, len(p) - 1: len(p) - 1 + len(v)] = torch.tensor(v, dtype=torch.float32)
-    return out
-
-
 def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0) -> torch.Tensor:
     """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t, float32, [N, L-1]."""
     logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
@@ -92,7 +58,7 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0) -
 
 
 @torch.no_grad()
-def batched_logprobs(model, batch: SequenceBatch, micro_batch_size: int, temperature: float):
+def batched_logprobs(model, batch, micro_batch_size: int, temperature: float):
     chunks = [token_logprobs(model, batch.input_ids[i:i + micro_batch_size],
                              batch.attention_mask[i:i + micro_batch_size], temperature)
               for i in range(0, len(batch), micro_batch_size)]
@@ -118,6 +84,6 @@ class Critic(torch.nn.Module):
 
 
 @torch.no_grad()
-def batched_values(critic, batch: SequenceBatch, micro_batch_size: int):
+def batched_values(critic, batch, micro_batch_size: int):
     return torch.cat([critic(batch.input_ids[i:i + micro_batch_size], batch.attention_mask[i:i + micro_batch_size])
                       for i in range(0, len(batch), micro_batch_size)])

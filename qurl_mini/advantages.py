@@ -1,4 +1,8 @@
-"""Advantage estimators and reward shaping: GRPO (group-normalized), GAE (PPO), DAPO's tricks."""
+"""Advantage estimators and reward shaping: GRPO (group-normalized), GAE (PPO), DAPO's tricks.
+
+`ADVANTAGE_ESTIMATORS` maps a name to (rewards [N], mask [N, T], values [N, T] or None, cfg) ->
+(advantages [N, T], returns [N, T] or None); cfg supplies group_size, gamma and lam.
+"""
 import torch
 
 
@@ -26,6 +30,22 @@ def gae(token_rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, g
         next_value = torch.where(m > 0, values[:, t], next_value)
         next_advantage = torch.where(m > 0, advantage, next_advantage)
     return advantages, (advantages + values) * mask
+
+
+def group_advantages(rewards, mask, values, cfg):
+    """GRPO / DAPO: every token of a response gets its group-normalized reward; no returns."""
+    return grpo_advantages(rewards, cfg.group_size)[:, None] * mask, None
+
+
+def gae_advantages(rewards, mask, values, cfg):
+    """PPO: the reward sits on the last response token, GAE on the critic's values, then centred."""
+    last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)
+    advantages, returns = gae(last.float() * rewards[:, None], values, mask, cfg.gamma, cfg.lam)
+    mean = (advantages * mask).sum() / mask.sum().clamp(min=1)
+    return (advantages - mean) * mask, returns  # centring: a common PPO choice
+
+
+ADVANTAGE_ESTIMATORS = {"group": group_advantages, "gae": gae_advantages}
 
 
 def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float) -> float:

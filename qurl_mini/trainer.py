@@ -1,12 +1,13 @@
-"""The RL loop: quantized vLLM rollout -> reward -> advantages -> proximal log-probs -> update -> sync.
+"""The RL loop: quantized vLLM rollout -> reward -> log-probs -> advantages -> update -> sync.
 
 One step, in order (`Trainer.step`):
   1. rollout    the engine (bf16, INT8 or FP8) samples G responses per prompt, with pi_behav
   2. reward     exact match of the '####' answer (DAPO: + overlong shaping, dynamic sampling)
-  3. advantages GRPO/DAPO: group-normalized; PPO: GAE on the critic's values
-  4. logprobs   the full-precision actor recomputes pi_prox (and the reference, for KL)
+  3. logprobs   the full-precision actor recomputes pi_prox (the reference pi_ref, PPO's values)
+  4. advantages GRPO/DAPO: group-normalized; PPO: GAE on the critic's values
   5. update     minibatch steps on the chosen objective (Eq. 1/3/4/5/9)
   6. sync       quantize the updated actor and load it into the live engine, in place
+What differs between GRPO, PPO and DAPO is data: `algorithms.ALGORITHMS`.
 """
 import contextlib
 import json
@@ -15,19 +16,21 @@ import math
 import os
 import random
 import time
+from dataclasses import dataclass, field
 
 import torch
 
 from . import checkpoint, quant
-from .actor import (Critic, align_per_token, batched_logprobs, batched_values, load_actor, pack_sequences,
-                    token_logprobs)
-from .advantages import gae, grpo_advantages, informative_groups, overlong_penalty
+from .actor import Critic, batched_logprobs, batched_values, load_actor, token_logprobs
+from .advantages import ADVANTAGE_ESTIMATORS, informative_groups, overlong_penalty
+from .algorithms import ALGORITHMS
+from .batch import Experience, align_per_token, pack_sequences
 from .config import Config
-from .data import PromptSampler, load_problems, reward
+from .data import Problem, PromptSampler, load_problems, reward
 from .embedded import warm_start
-from .engine import Platform, RolloutEngine, sync_state
+from .engine import Platform, Rollout, RolloutEngine
 from .evaluate import greedy_accuracy
-from .loss import kl_k3, masked_mean, policy_loss, value_loss
+from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, value_loss
 from .metrics import MetricsLog, plot_metrics
 from .progress import progress_bar
 from .uaq import apply_uaq
@@ -47,15 +50,34 @@ def base_model_path(cfg: Config, train_problems) -> str:
                       teacher_slip=cfg.teacher_slip)
 
 
+@dataclass
+class Samples:
+    """One step's rollout: per prompt a group of G responses, and per response its rewards."""
+    problems: list[Problem] = field(default_factory=list)
+    groups: list[list[Rollout]] = field(default_factory=list)
+    rewards: list[torch.Tensor] = field(default_factory=list)  # what advantages see (shaped for DAPO)
+    correct: list[torch.Tensor] = field(default_factory=list)  # 1.0 where the answer is right
+    stats: dict = field(default_factory=dict)
+
+    def add(self, problem, group, rewards, correct):
+        self.problems.append(problem)
+        self.groups.append(group)
+        self.rewards.append(rewards)
+        self.correct.append(correct)
+
+    def __len__(self):
+        return len(self.groups)
+
+    def rollouts(self) -> list[Rollout]:
+        return [r for g in self.groups for r in g]
+
+
 class Trainer:
     def __init__(self, cfg: Config):
         self.cfg = cfg
+        self.algorithm = ALGORITHMS[cfg.algo]  # the one place that looks at --algo
         self.run_dir = os.path.join(cfg.out_dir, cfg.run_name)
         self.platform = Platform.detect()
-        self.engine_format = self.platform.engine_format(cfg.quant)
-        if self.engine_format == "fp8-emulated":
-            log.warning("FP8: no FP8 kernel on this machine; the rollout engine EMULATES FP8 "
-                        "(weights rounded to e4m3 with per-channel scales, computed in bf16)")
 
         self.train_problems, self.test_problems = load_problems(
             cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
@@ -71,7 +93,7 @@ class Trainer:
             apply_uaq(self.actor, cfg.uaq_scale)  # one time, before training (Eq. 11)
         self.actor.train()
         self.reference = load_actor(self.base_model)[0].eval() if cfg.kl_coef > 0 else None
-        self.critic = Critic(self.actor) if cfg.algo == "ppo" else None
+        self.critic = Critic(self.actor) if self.algorithm.critic else None
 
         self.optimizers = {"actor": torch.optim.AdamW(self.actor.parameters(), lr=cfg.lr, weight_decay=0.0)}
         if self.critic is not None:
@@ -106,21 +128,16 @@ class Trainer:
         return found
 
     def _start_engine(self) -> RolloutEngine:
-        """Write the (quantized) actor as a checkpoint and start vLLM on it."""
-        path = os.path.join(self.run_dir, f"engine-init-{self.engine_format}")
-        pairs, quantized = sync_state(self.actor, self.engine_format)
-        if self.engine_format in ("int8", "fp8"):
-            quant.save_quantized_checkpoint(self.actor, self.tokenizer, path, self.engine_format, pairs)
-        else:  # a bf16 engine; for FP8 emulation its weights are already on the e4m3 grid
-            self.actor.save_pretrained(path, state_dict=dict(pairs), safe_serialization=True)
-            self.tokenizer.save_pretrained(path)
-        if quantized:
-            self.monitor.measure(self.actor, quantized)
+        """vLLM on a (quantized) copy of the actor, sized for the longest prompt plus response."""
+        cfg = self.cfg
         longest_prompt = max(len(self.tokenizer.encode(p.prompt)) for p in self.train_problems[:2000])
-        max_len = 2 ** math.ceil(math.log2(longest_prompt + self.cfg.max_new_tokens + 8))
-        return RolloutEngine(path, engine_format=self.engine_format, platform=self.platform,
-                             seed=self.cfg.seed, max_model_len=max_len, kv_cache_gib=self.cfg.kv_cache_gib,
-                             gpu_memory_utilization=self.cfg.gpu_memory_utilization)
+        max_len = 2 ** math.ceil(math.log2(longest_prompt + cfg.max_new_tokens + 8))
+        engine, quantized = RolloutEngine.from_actor(
+            self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, platform=self.platform, seed=cfg.seed,
+            max_model_len=max_len, kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
+        if quantized:
+            self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
+        return engine
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -130,7 +147,7 @@ class Trainer:
         if self.start_step == 0:
             summary["initial_test_accuracy"] = self.evaluate()
             log.info("greedy test accuracy before RL: %.1f%%", 100 * summary["initial_test_accuracy"])
-        with progress_bar(f"RL {cfg.algo} / rollout {self.engine_format}", cfg.steps - self.start_step) as advance:
+        with progress_bar(f"RL {cfg.algo} / rollout {self.engine.engine_format}", cfg.steps - self.start_step) as advance:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 row = self.step(step)
                 if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
@@ -159,97 +176,107 @@ class Trainer:
         torch.manual_seed(cfg.seed * 1_000_003 + step)  # each step's randomness depends on (seed, step) only
         random.seed(cfg.seed * 1_000_003 + step)
 
-        # 1-2. rollout on the (quantized) engine, rewards
+        # 1-2. rollout on the (quantized) engine, and rewards
         with timer("rollout"):
-            groups, problems, rewards, correct, stats = self.rollout()  # the engine is awake here
+            samples = self.sample_with_dynamic_sampling() if self.algorithm.dynamic_sampling else self.sample()
             self.engine.sleep()
-        prompts = [r.prompt_ids for g in groups for r in g]
-        responses = [r.response_ids for g in groups for r in g]
-        batch = pack_sequences(prompts, responses, self.tokenizer.pad_token_id)
-        mask = batch.response_mask
-        behav_logp = align_per_token([r.behav_logprobs for g in groups for r in g], prompts, batch.input_ids.shape[1])
+        rollouts = samples.rollouts()
+        prompts = [r.prompt_ids for r in rollouts]
+        sequences = pack_sequences(prompts, [r.response_ids for r in rollouts], self.tokenizer.pad_token_id)
+        mask = sequences.response_mask
+        behav_logp = align_per_token([r.behav_logprobs for r in rollouts], prompts, sequences.input_ids.shape[1])
 
-        # 4. the full-precision actor's log-probs of the sampled tokens: pi_prox (and pi_ref)
+        # 3. the full-precision actor's log-probs of the sampled tokens: pi_prox (and pi_ref, V_old)
         with timer("logprob"):
-            prox_logp = batched_logprobs(self.actor, batch, cfg.micro_batch_size, cfg.temperature)
-            ref_logp = (batched_logprobs(self.reference, batch, cfg.micro_batch_size, cfg.temperature)
+            prox_logp = batched_logprobs(self.actor, sequences, cfg.micro_batch_size, cfg.temperature)
+            ref_logp = (batched_logprobs(self.reference, sequences, cfg.micro_batch_size, cfg.temperature)
                         if self.reference is not None else None)
-            old_values = batched_values(self.critic, batch, cfg.micro_batch_size) if self.critic else None
+            old_values = batched_values(self.critic, sequences, cfg.micro_batch_size) if self.critic else None
 
-        # 3. advantages
-        if cfg.algo == "ppo":
-            last = (mask.cumsum(-1) == mask.sum(-1, keepdim=True)) & (mask > 0)  # reward on the last token
-            token_rewards = last.float() * rewards[:, None]
-            advantages, returns = gae(token_rewards, old_values, mask, cfg.gamma, cfg.lam)
-            advantages = (advantages - masked_mean(advantages, mask)) * mask  # centre (a common PPO choice)
-        else:
-            advantages = grpo_advantages(rewards, cfg.group_size)[:, None] * mask
-            returns = None
+        # 4. advantages
+        rewards = torch.cat(samples.rewards)
+        advantages, returns = ADVANTAGE_ESTIMATORS[self.algorithm.advantages](rewards, mask, old_values, cfg)
+        experience = Experience(sequences, prox_logp=prox_logp, behav_logp=behav_logp, advantages=advantages,
+                                ref_logp=ref_logp, old_values=old_values, returns=returns)
 
         # 5. update
         with timer("update"):
-            update_stats = self.update(batch, prox_logp, behav_logp, ref_logp, advantages, old_values, returns)
+            update_stats = self.update(experience)
 
         # 6. quantize + sync into the live engine
         with timer("sync"):
             self.engine.wake()
             t0 = time.perf_counter()
-            pairs, quantized = sync_state(self.actor, self.engine_format)
+            pairs, quantized = self.engine.checkpoint_tensors(self.actor)
             time_quantize = time.perf_counter() - t0
             self.engine.load_weights(pairs)
         weight_stats = self.monitor.measure(self.actor, quantized) if quantized else {}
 
-        mismatch = masked_mean(behav_logp - prox_logp, mask).item()  # KL(behav || prox), Sec. 4.2
-        if mismatch > cfg.mismatch_warn_kl and not self.mismatch_warned:
-            log.warning("KL(behav||prox) = %.3g exceeds %.3g: the rollout engine and the actor disagree "
-                        "(quantization too coarse, or a broken weight sync?)", mismatch, cfg.mismatch_warn_kl)
-            self.mismatch_warned = True
+        mismatch = self._check_mismatch(behav_logp, prox_logp, mask)
         return {
-            "step": step, "reward_mean": rewards.mean().item(), "accuracy": correct.mean().item(),
-            "response_len": mask.sum(-1).mean().item(), "kl_behav_prox": mismatch, **stats, **update_stats,
+            "step": step, "reward_mean": rewards.mean().item(), "accuracy": torch.cat(samples.correct).mean().item(),
+            "response_len": mask.sum(-1).mean().item(), **samples.stats, **update_stats,
+            "kl_behav_prox": mismatch,  # the step's KL(behav || prox), not the minibatch average
             **weight_stats, "time_quantize": time_quantize, **timer.times, "time_step": sum(timer.times.values()),
             "data_cursor": self.sampler.cursor,
         }
 
-    def rollout(self):
-        """Sample G responses for each of the batch's prompts (DAPO: keep informative groups only)."""
-        cfg, eos = self.cfg, self.tokenizer.eos_token_id
-        kept, tries, dropped = [], 0, 0
-        while len(kept) < cfg.prompts_per_step and tries < (cfg.dapo_max_tries if cfg.algo == "dapo" else 1):
-            tries += 1
-            indices = self.sampler.take(cfg.prompts_per_step - len(kept) if cfg.algo == "dapo" else cfg.prompts_per_step)
-            problems = [self.train_problems[i] for i in indices]
-            groups = self.engine.generate([self.tokenizer.encode(p.prompt) for p in problems], n=cfg.group_size,
-                                          temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
-                                          stop_token_ids=[eos])
-            for problem, group in zip(problems, groups):
-                texts = [self.tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in group]
-                correct = torch.tensor([reward(t, problem) for t in texts])
-                shaped = correct.clone()
-                if cfg.algo == "dapo":
-                    shaped += torch.tensor([overlong_penalty(len(r.response_ids), cfg.max_new_tokens,
-                                                             cfg.overlong_buffer, cfg.overlong_penalty) for r in group])
-                    if not informative_groups(shaped, cfg.group_size).item():
-                        dropped += 1
-                        continue
-                kept.append((problem, group, shaped, correct))
-        if not kept:  # DAPO found no signal at all: train on the last round rather than nothing
-            kept = [(p, g, torch.zeros(cfg.group_size), torch.zeros(cfg.group_size)) for p, g in zip(problems, groups)]
-        kept = kept[:cfg.prompts_per_step]
-        stats = {"rollout_rounds": tries, "groups_dropped": dropped, "batch_prompts": len(kept)} \
-            if cfg.algo == "dapo" else {}
-        return ([k[1] for k in kept], [k[0] for k in kept], torch.cat([k[2] for k in kept]),
-                torch.cat([k[3] for k in kept]), stats)
+    def _check_mismatch(self, behav_logp, prox_logp, mask) -> float:
+        """KL(behav || prox) over the step's tokens (Sec. 4.2); warn once when it is far too large."""
+        mismatch = masked_mean(behav_logp - prox_logp, mask).item()
+        if mismatch > self.cfg.mismatch_warn_kl and not self.mismatch_warned:
+            log.warning("KL(behav||prox) = %.3g exceeds %.3g: the rollout engine and the actor disagree "
+                        "(quantization too coarse, or a broken weight sync?)", mismatch, self.cfg.mismatch_warn_kl)
+            self.mismatch_warned = True
+        return mismatch
 
-    def update(self, batch, prox_logp, behav_logp, ref_logp, advantages, old_values, returns) -> dict:
+    # -- sampling ---------------------------------------------------------------------------------
+
+    def sample(self, num_prompts: int | None = None) -> Samples:
+        """One round: the next prompts of the data order, G responses each, and their rewards."""
+        cfg = self.cfg
+        problems = [self.train_problems[i] for i in self.sampler.take(num_prompts or cfg.prompts_per_step)]
+        groups = self.engine.generate([self.tokenizer.encode(p.prompt) for p in problems], n=cfg.group_size,
+                                      temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
+                                      stop_token_ids=[self.tokenizer.eos_token_id])
+        samples = Samples()
+        for problem, group in zip(problems, groups):
+            texts = [self.tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in group]
+            correct = torch.tensor([reward(t, problem) for t in texts])
+            shaped = correct.clone()
+            if self.algorithm.overlong_shaping:
+                shaped += torch.tensor([overlong_penalty(len(r.response_ids), cfg.max_new_tokens,
+                                                         cfg.overlong_buffer, cfg.overlong_penalty) for r in group])
+            samples.add(problem, group, shaped, correct)
+        return samples
+
+    def sample_with_dynamic_sampling(self) -> Samples:
+        """DAPO: keep only groups whose rewards differ, drawing more prompts for at most
+        --dapo-max-tries rounds; if none carries signal, train on the last round (zero advantages)."""
+        cfg, kept, rounds, dropped = self.cfg, Samples(), 0, 0
+        while len(kept) < cfg.prompts_per_step and rounds < cfg.dapo_max_tries:
+            rounds += 1
+            last = self.sample(cfg.prompts_per_step - len(kept))
+            for problem, group, shaped, correct in zip(last.problems, last.groups, last.rewards, last.correct):
+                if informative_groups(shaped, cfg.group_size).item():
+                    kept.add(problem, group, shaped, correct)
+                else:
+                    dropped += 1
+        if not len(kept):
+            kept = last
+        kept.stats = {"rollout_rounds": rounds, "groups_dropped": dropped, "batch_prompts": len(kept)}
+        return kept
+
+    # -- the update -------------------------------------------------------------------------------
+
+    def update(self, experience: Experience) -> dict:
         """Minibatch optimizer steps; a NaN/inf loss or gradient skips the step and is counted."""
-        cfg, mask = self.cfg, batch.response_mask
+        cfg = self.cfg
         sums, count, skipped = {}, 0, 0
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(batch))
-            for mb in order.chunk(cfg.minibatches):
-                stats = self._minibatch_step(mb, batch, prox_logp, behav_logp, ref_logp, advantages,
-                                             old_values, returns)
+            order = torch.randperm(len(experience))
+            for rows in order.chunk(cfg.minibatches):
+                stats = self._minibatch_step(experience[rows])
                 if stats is None:
                     skipped += 1
                     continue
@@ -265,32 +292,19 @@ class Trainer:
         out["lr"] = self.schedulers["actor"].get_last_lr()[0]
         return out
 
-    def _minibatch_step(self, mb, batch, prox_logp, behav_logp, ref_logp, advantages, old_values, returns):
-        cfg, mask = self.cfg, batch.response_mask
-        units = (mask[mb].sum() if cfg.loss_agg == "token-mean" else (mask[mb].sum(-1) > 0).sum()).clamp(min=1)
+    def _minibatch_step(self, minibatch: Experience) -> dict | None:
+        """One optimizer step, gradients accumulated over micro-batches weighted by their share."""
+        cfg = self.cfg
+        units = aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1)
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
         sums = {}
-        for micro in mb.split(cfg.micro_batch_size):
-            m = mask[micro]
-            share = (m.sum() if cfg.loss_agg == "token-mean" else (m.sum(-1) > 0).sum()) / units
-            logp = token_logprobs(self.actor, batch.input_ids[micro], batch.attention_mask[micro], cfg.temperature)
-            loss, stats = policy_loss(logp, prox_logp[micro], behav_logp[micro], advantages[micro], m,
-                                      objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                      tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
-            stats["policy_loss"] = loss.item()
-            if self.reference is not None:
-                kl = masked_mean(kl_k3(logp, ref_logp[micro]), m)
-                loss = loss + cfg.kl_coef * kl
-                stats["kl_ref"] = kl.item()
-            if self.critic is not None:
-                values = self.critic(batch.input_ids[micro], batch.attention_mask[micro])
-                v_loss = value_loss(values, old_values[micro], returns[micro], m, cfg.value_clip)
-                loss = loss + v_loss
-                stats["value_loss"] = v_loss.item()
+        for micro in minibatch.split(cfg.micro_batch_size):
+            loss, stats = self._micro_loss(micro)
             if not torch.isfinite(loss):
                 log.warning("non-finite loss (%s); skipping this update", loss.item())
                 return None
+            share = aggregation_units(micro.mask, cfg.loss_agg) / units
             (loss * share).backward()
             for k, v in stats.items():
                 sums[k] = sums.get(k, 0.0) + v * share.item()
@@ -305,6 +319,25 @@ class Trainer:
             self.schedulers[name].step()
         sums["grad_norm"] = grad_norm.item()
         return sums
+
+    def _micro_loss(self, micro: Experience):
+        """Policy objective (+ k3 KL to the reference, + PPO's value loss) of one micro-batch."""
+        cfg, seq, m = self.cfg, micro.sequences, micro.mask
+        logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
+        loss, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
+                                  objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                  tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
+        stats["policy_loss"] = loss.item()
+        if self.reference is not None:
+            kl = masked_mean(kl_k3(logp, micro.ref_logp), m)
+            loss = loss + cfg.kl_coef * kl
+            stats["kl_ref"] = kl.item()
+        if self.critic is not None:
+            values = self.critic(seq.input_ids, seq.attention_mask)
+            v_loss = value_loss(values, micro.old_values, micro.returns, m, cfg.value_clip)
+            loss = loss + v_loss
+            stats["value_loss"] = v_loss.item()
+        return loss, stats
 
     def save(self, step: int) -> str:
         return checkpoint.save_checkpoint(

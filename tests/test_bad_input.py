@@ -120,11 +120,19 @@ def test_resume_without_a_checkpoint(tmp_path, tiny, data_file, capfd):
 
 
 def test_fp8_without_a_kernel_falls_back_to_emulation_with_a_warning(caplog):
+    import logging
+
     from qurl_mini.engine import Platform
 
     assert Platform(cuda=False, fp8_kernel=False).engine_format("fp8") == "fp8-emulated"
     assert Platform(cuda=True, fp8_kernel=True).engine_format("fp8") == "fp8"
     assert Platform(cuda=False, fp8_kernel=False).engine_format("int8") == "int8"
+    with caplog.at_level(logging.WARNING, logger="qurl_mini"):
+        assert Platform(cuda=False, fp8_kernel=False).resolve_format("int8") == "int8"
+        assert not caplog.records  # nothing to say when the kernel exists
+        assert Platform(cuda=False, fp8_kernel=False).resolve_format("fp8") == "fp8-emulated"
+    (warning,) = caplog.records
+    assert warning.levelno == logging.WARNING and "EMULATES FP8" in warning.getMessage()
 
 
 def test_nan_loss_skips_updates_counts_them_and_stops_after_max_bad_steps(tmp_path, tiny, data_file, capfd,

@@ -7,7 +7,7 @@ import torch
 from qurl_mini import quant
 from qurl_mini.actor import load_actor, token_logprobs
 from qurl_mini.embedded import build_tiny_model
-from qurl_mini.engine import Platform, RolloutEngine, sync_state
+from qurl_mini.engine import Platform, RolloutEngine, checkpoint_tensors
 
 PLATFORM = Platform.detect()
 TEXTS = ["Q: Ann has 3 apples and gets 4 more. How many apples now?\nA: 3+4=7\n#### 7",
@@ -50,7 +50,7 @@ def test_bf16_sync_makes_engine_match_the_updated_actor(tiny_dir):
     sequences = [tokenizer.encode(t) for t in TEXTS]
     updated = _hf_logprobs(actor, tokenizer)
     before = _max_gap(engine.prompt_logprobs(sequences), updated)
-    engine.load_weights(sync_state(actor, "bf16")[0])
+    engine.load_weights(checkpoint_tensors(actor, "bf16")[0])
     after = _max_gap(engine.prompt_logprobs(sequences), updated)
     print(f"bf16 sync: max |engine - HF fp32| before {before:.3f}, after {after:.4f} nats")
     assert before > 0.5  # the engine still runs the old weights
@@ -106,7 +106,7 @@ def test_int8_live_sync_equals_a_freshly_loaded_checkpoint(tmp_path, monkeypatch
     tokens_before, _ = _greedy(live, prompts)
     for _ in range(3):  # optimizer steps, each followed by a quantize + sync
         _train_steps(actor, tokenizer, steps=2)
-        live.load_weights(sync_state(actor, "int8")[0])
+        live.load_weights(checkpoint_tensors(actor, "int8")[0])
     live_tokens, live_logps = _greedy(live, prompts)
     assert all(torch.isfinite(torch.tensor(lp)).all() for lp in live_logps)
 
