@@ -31,7 +31,7 @@ def main() -> None:
     from qurl_mini.actor import load_actor
     from qurl_mini.data import synthetic_splits
     from qurl_mini.embedded import build_tiny_model
-    from qurl_mini.engine import Platform, RolloutEngine, sync_state
+    from qurl_mini.engine import Platform, RolloutEngine, checkpoint_tensors
     from qurl_mini.hardware import describe_cpu
 
     tmp = tempfile.mkdtemp()
@@ -51,7 +51,7 @@ def main() -> None:
             out = engine.generate(prompts, n=args.n, temperature=1.0, max_tokens=args.tokens, stop_token_ids=[])
             rates.append(sum(len(r.response_ids) for g in out for r in g) / (time.perf_counter() - t0))
             t0 = time.perf_counter()
-            engine.load_weights(sync_state(actor, fmt)[0])
+            engine.load_weights(checkpoint_tensors(actor, fmt)[0])
             syncs.append(time.perf_counter() - t0)
         results[fmt] = (statistics.median(rates), statistics.median(syncs))
         del engine
