@@ -75,6 +75,9 @@ class Config:
     run_name: Optional[str] = _f(None, "name of runs/<name> (default: <algo>-<quant>)")
     out_dir: str = _f("runs", "where runs are written")
     cache_dir: str = _f(".cache", "where the embedded warm start is cached")
+    engine_dtype: Literal["auto", "bfloat16", "float32"] = _f(
+        "auto", "rollout engine's unquantized dtype: auto = bfloat16 where the CPU/GPU has bf16 arithmetic, "
+                "else float32 (CPUs with AVX2 only emulate bf16)")
     kv_cache_gib: int = _f(1, "CPU engine KV cache (GiB, whole number)")
     gpu_memory_utilization: float = _f(0.3, "CUDA engine memory share (the actor needs the rest)")
 
@@ -94,7 +97,7 @@ class Config:
             if not ok:
                 raise ConfigError(message)
 
-        for name in ("algo", "quant"):  # Literal choices are checked by argparse, but not in code
+        for name in ("algo", "quant", "engine_dtype"):  # Literal choices are checked by argparse, but not in code
             choices = self.__dataclass_fields__[name].type.__args__
             need(getattr(self, name) in choices, f"--{name} {getattr(self, name)!r}: choose from {choices}")
         need(self.objective in OBJECTIVES, f"--objective {self.objective!r}: choose from {OBJECTIVES}")

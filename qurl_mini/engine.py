@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
-from . import quant, vllm_cpu_sync
+from . import hardware, quant, vllm_cpu_sync
 
 log = logging.getLogger("qurl_mini")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
@@ -20,11 +20,20 @@ os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in t
 class Platform:
     cuda: bool
     fp8_kernel: bool  # W8A8 FP8 needs CUDA compute capability >= 8.9
+    bf16_math: bool = True  # bf16 arithmetic in hardware (CPUs without it emulate bf16, slowly)
 
     @classmethod
     def detect(cls) -> "Platform":
         cuda = torch.cuda.is_available()
-        return cls(cuda=cuda, fp8_kernel=cuda and torch.cuda.get_device_capability() >= (8, 9))
+        return cls(cuda=cuda, fp8_kernel=cuda and torch.cuda.get_device_capability() >= (8, 9),
+                   bf16_math=cuda or hardware.has_bf16_arithmetic())
+
+    def engine_dtype(self, requested: str = "auto") -> str:
+        """The engine's unquantized dtype (attention, norms, lm_head; all of a bf16 engine):
+        'auto' = bfloat16 where the hardware has bf16 arithmetic, else float32 (faster there)."""
+        if requested != "auto":
+            return requested
+        return "bfloat16" if self.bf16_math else "float32"
 
     def engine_format(self, quant_fmt: str) -> str:
         """What the engine really runs: 'bf16', 'int8', 'fp8' or 'fp8-emulated' (bf16 engine)."""
@@ -37,7 +46,7 @@ class Platform:
         engine_format = self.engine_format(quant_fmt)
         if engine_format == "fp8-emulated":
             log.warning("FP8: no FP8 kernel on this machine; the rollout engine EMULATES FP8 "
-                        "(weights rounded to e4m3 with per-channel scales, computed in bf16)")
+                        "(weights rounded to e4m3 with per-channel scales, computed unquantized)")
         return engine_format
 
 
@@ -52,11 +61,12 @@ class Rollout:
 
 class RolloutEngine:
     def __init__(self, model_dir: str, *, engine_format: str, platform: Platform, seed: int,
-                 max_model_len: int, kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3):
+                 max_model_len: int, dtype: str = "auto", kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3):
         from vllm import LLM
 
         self.engine_format, self.platform = engine_format, platform
-        kwargs = dict(model=model_dir, dtype="bfloat16", seed=seed, enforce_eager=True,
+        self.dtype = platform.engine_dtype(dtype)
+        kwargs = dict(model=model_dir, dtype=self.dtype, seed=seed, enforce_eager=True,
                       max_model_len=max_model_len, logprobs_mode="processed_logprobs")
         if platform.cuda:
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
@@ -66,18 +76,19 @@ class RolloutEngine:
         self.asleep = False
 
     @classmethod
-    def from_actor(cls, actor, tokenizer, out_dir: str, *, quant_fmt: str, platform: Platform, **engine_kwargs):
+    def from_actor(cls, actor, tokenizer, out_dir: str, *, quant_fmt: str, platform: Platform, dtype: str = "auto",
+                   **engine_kwargs):
         """Write the actor in the engine's checkpoint format ('none', 'int8', 'fp8') under out_dir and
         start vLLM on it. Returns (engine, {weight name: (codes, scale)} of the start weights)."""
-        engine_format = platform.resolve_format(quant_fmt)
+        engine_format, dtype = platform.resolve_format(quant_fmt), platform.engine_dtype(dtype)
         path = os.path.join(out_dir, f"engine-init-{engine_format}")
-        pairs, quantized = checkpoint_tensors(actor, engine_format)
+        pairs, quantized = checkpoint_tensors(actor, engine_format, getattr(torch, dtype))
         if engine_format in ("int8", "fp8"):
             quant.save_quantized_checkpoint(actor, tokenizer, path, engine_format, pairs)
         else:  # a bf16 engine; for FP8 emulation its weights are already on the e4m3 grid
             actor.save_pretrained(path, state_dict=dict(pairs), safe_serialization=True)
             tokenizer.save_pretrained(path)
-        return cls(path, engine_format=engine_format, platform=platform, **engine_kwargs), quantized
+        return cls(path, engine_format=engine_format, platform=platform, dtype=dtype, **engine_kwargs), quantized
 
     @property
     def model(self):
@@ -117,7 +128,7 @@ class RolloutEngine:
 
     def checkpoint_tensors(self, actor):
         """The actor's weights in this engine's format, and {name: (codes, scale)} (see below)."""
-        return checkpoint_tensors(actor, self.engine_format)
+        return checkpoint_tensors(actor, self.engine_format, getattr(torch, self.dtype))
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Push checkpoint-format tensors into the live engine, in place."""
@@ -144,10 +155,11 @@ class RolloutEngine:
             self.asleep = False
 
 
-def checkpoint_tensors(actor, engine_format: str):
-    """Checkpoint-format tensors for the engine and {name: (codes, scale)} (empty for bf16)."""
+def checkpoint_tensors(actor, engine_format: str, dtype=torch.bfloat16):
+    """Checkpoint-format tensors for the engine (unquantized ones as `dtype`) and
+    {name: (codes, scale)} (empty for an unquantized engine)."""
     if engine_format == "bf16":
-        return [(n, t.detach().to(torch.bfloat16)) for n, t in actor.state_dict().items()], {}
+        return [(n, t.detach().to(dtype)) for n, t in actor.state_dict().items()], {}
     if engine_format == "fp8-emulated":
-        return quant.quantized_state(actor, "fp8", emulate=True)
-    return quant.quantized_state(actor, engine_format)
+        return quant.quantized_state(actor, "fp8", dtype=dtype, emulate=True)
+    return quant.quantized_state(actor, engine_format, dtype=dtype)

@@ -134,7 +134,7 @@ class Trainer:
         max_len = 2 ** math.ceil(math.log2(longest_prompt + cfg.max_new_tokens + 8))
         engine, quantized = RolloutEngine.from_actor(
             self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, platform=self.platform, seed=cfg.seed,
-            max_model_len=max_len, kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
+            max_model_len=max_len, dtype=cfg.engine_dtype, kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
         if quantized:
             self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
         return engine

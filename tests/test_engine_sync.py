@@ -41,20 +41,24 @@ def tiny_dir(tmp_path_factory):
     return build_tiny_model(str(tmp_path_factory.mktemp("tiny")), seed=0)
 
 
-def test_bf16_sync_makes_engine_match_the_updated_actor(tiny_dir):
+@pytest.mark.parametrize("dtype", ["bfloat16", "float32"])
+def test_bf16_sync_makes_engine_match_the_updated_actor(tiny_dir, dtype):
+    """The unquantized engine, in either dtype (float32 is the fast one on CPUs without bf16 math)."""
     actor, tokenizer = load_actor(tiny_dir)
-    engine = RolloutEngine(tiny_dir, engine_format="bf16", platform=PLATFORM, seed=0, max_model_len=128)
+    engine = RolloutEngine(tiny_dir, engine_format="bf16", platform=PLATFORM, seed=0, max_model_len=128, dtype=dtype)
     assert _max_gap(engine.prompt_logprobs([tokenizer.encode(t) for t in TEXTS]), _hf_logprobs(actor, tokenizer)) < 0.05
 
     _train_steps(actor, tokenizer, steps=5)
     sequences = [tokenizer.encode(t) for t in TEXTS]
     updated = _hf_logprobs(actor, tokenizer)
     before = _max_gap(engine.prompt_logprobs(sequences), updated)
-    engine.load_weights(checkpoint_tensors(actor, "bf16")[0])
+    engine.load_weights(engine.checkpoint_tensors(actor)[0])
     after = _max_gap(engine.prompt_logprobs(sequences), updated)
-    print(f"bf16 sync: max |engine - HF fp32| before {before:.3f}, after {after:.4f} nats")
+    print(f"{dtype} engine sync: max |engine - HF fp32| before {before:.3f}, after {after:.4f} nats")
     assert before > 0.5  # the engine still runs the old weights
     assert after < 0.05  # bf16 rounding only
+    if dtype == "float32":
+        assert after < 1e-3  # nothing to round: the float32 engine takes the actor's weights exactly
 
     # sampled-token log-probs that come back with a rollout are the same quantity
     rollout = engine.generate([sequences[0][:40]], n=4, temperature=1.0, max_tokens=16, stop_token_ids=[1])[0]
