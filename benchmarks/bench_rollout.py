@@ -1,12 +1,19 @@
-"""Rollout speed and weight-sync cost, BF16 vs INT8 W8A8 engines side by side in one run.
+"""Rollout speed of unquantized (bf16, fp32) and INT8 W8A8 vLLM engines, side by side in one run,
+over model shapes from the embedded one up to Qwen2.5-0.5B's.
 
-    python benchmarks/bench_rollout.py [--hidden 192 --layers 4] [--prompts 64 --n 8 --tokens 24]
+    python benchmarks/bench_rollout.py                      # all shapes, writes docs/results/bench_rollout.*
+    python benchmarks/bench_rollout.py --shapes embedded --prompts 8 --tokens 16   # a quick look
 
-Prints decode throughput of each engine, their ratio, and the time to quantize + sync the actor.
-(FP8 is left out on CPUs: it is emulated there in a bf16 engine, so its speed says nothing.)
+Weights are random (speed does not depend on their values), built from a Qwen2 config: nothing is
+downloaded. Every engine decodes the same prompts with the same sampling settings and exactly the
+same output length (ignore_eos). Reported per shape: decode tokens/s per engine, INT8 / fastest
+unquantized engine, the memory-bound limit of that ratio (weight bytes read per decode step,
+embeddings and lm_head included: they stay unquantized), and the time to quantize + sync the actor.
+FP8 is left out on CPUs: it is emulated there in an unquantized engine, so its speed says nothing.
 """
 import argparse
 import gc
+import json
 import os
 import statistics
 import sys
@@ -15,52 +22,151 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+# name -> Qwen2 shape (layers, hidden, heads, kv_heads, intermediate, vocab)
+SHAPES = {
+    "embedded": dict(layers=4, hidden=192, heads=6, kv_heads=2, intermediate=None, vocab_size=128),
+    "d512x8": dict(layers=8, hidden=512, heads=8, kv_heads=2, intermediate=1536, vocab_size=32768),
+    "qwen2.5-0.5b": dict(layers=24, hidden=896, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936),
+}
+# engine name -> (--quant, dtype of everything not quantized: INT8 follows the CPU like train.py)
+ENGINES = {"bf16": ("none", "bfloat16"), "fp32": ("none", "float32"), "int8": ("int8", "auto")}
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--hidden", type=int, default=192)
-    p.add_argument("--layers", type=int, default=4)
-    p.add_argument("--heads", type=int, default=6)
-    p.add_argument("--prompts", type=int, default=64)
-    p.add_argument("--n", type=int, default=8)
-    p.add_argument("--tokens", type=int, default=24)
-    p.add_argument("--repeats", type=int, default=3)
-    args = p.parse_args()
 
+def weight_bytes(model, quantized_names: set[str], unquantized_bytes: int) -> int:
+    """Bytes of weights a decode step reads: 1 per quantized code (+ its fp32 scale), else dtype size."""
+    total = 0
+    for name, p in model.named_parameters():
+        if name in quantized_names:
+            total += p.numel() + 4 * p.shape[0]
+        else:
+            total += p.numel() * unquantized_bytes
+    return total
+
+
+def decode_rate(engine, prompts, n, tokens, repeats):
+    """Median decode tokens/s over `repeats` timed batches (after one warm-up batch)."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=n, temperature=1.0, max_tokens=tokens, ignore_eos=True, logprobs=0, detokenize=False)
+    requests = [{"prompt_token_ids": p} for p in prompts]
+    engine.llm.generate(requests, params, use_tqdm=False)
+    rates = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        outs = engine.llm.generate(requests, params, use_tqdm=False)
+        rates.append(sum(len(s.token_ids) for o in outs for s in o.outputs) / (time.perf_counter() - t0))
+    return statistics.median(rates)
+
+
+def bench_shape(name, shape, args, platform, tmp):
     from qurl_mini import quant
     from qurl_mini.actor import load_actor
     from qurl_mini.data import synthetic_splits
     from qurl_mini.embedded import build_tiny_model
-    from qurl_mini.engine import Platform, RolloutEngine, checkpoint_tensors
-    from qurl_mini.hardware import describe_cpu
+    from qurl_mini.engine import RolloutEngine
 
-    tmp = tempfile.mkdtemp()
-    model_dir = build_tiny_model(os.path.join(tmp, "m"), layers=args.layers, hidden=args.hidden, heads=args.heads)
+    model_dir = build_tiny_model(os.path.join(tmp, name), seed=0, max_positions=1024, **shape)
     actor, tok = load_actor(model_dir)
     _, problems = synthetic_splits(0, args.prompts, 10, seed=0)
     prompts = [tok.encode(q.prompt) for q in problems]
-    platform = Platform.detect()
-    results = {}
-    for fmt in ("bf16", "int8"):
-        path = model_dir if fmt == "bf16" else quant.save_quantized_checkpoint(actor, tok, os.path.join(tmp, "q"), "int8")
-        engine = RolloutEngine(path, engine_format=fmt, platform=platform, seed=0, max_model_len=128)
-        engine.generate(prompts, n=args.n, temperature=1.0, max_tokens=args.tokens, stop_token_ids=[])  # warm-up
-        rates, syncs = [], []
+    max_len = 2 ** (max(map(len, prompts)) + args.tokens + 8).bit_length()
+    quantized_names = {f"{n}.weight" for n in quant.quant_target_names(actor)}
+    row = {"shape": name, **shape, "params": sum(p.numel() for p in actor.parameters()),
+           "quantized_params": sum(actor.get_parameter(n).numel() for n in quantized_names), "engines": {}}
+    for engine_name in args.engines:
+        fmt, dtype = ENGINES[engine_name]
+        engine, _ = RolloutEngine.from_actor(actor, tok, os.path.join(tmp, f"{name}-{engine_name}"), quant_fmt=fmt,
+                                             platform=platform, dtype=dtype, seed=0, max_model_len=max_len,
+                                             kv_cache_gib=args.kv_cache_gib)
+        rate = decode_rate(engine, prompts, args.n, args.tokens, args.repeats)
+        syncs = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            out = engine.generate(prompts, n=args.n, temperature=1.0, max_tokens=args.tokens, stop_token_ids=[])
-            rates.append(sum(len(r.response_ids) for g in out for r in g) / (time.perf_counter() - t0))
-            t0 = time.perf_counter()
-            engine.load_weights(checkpoint_tensors(actor, fmt)[0])
+            engine.load_weights(engine.checkpoint_tensors(actor)[0])
             syncs.append(time.perf_counter() - t0)
-        results[fmt] = (statistics.median(rates), statistics.median(syncs))
+        bytes_per = 2 if engine.dtype == "bfloat16" else 4
+        row["engines"][engine_name] = {
+            "dtype": engine.dtype, "decode_tokens_per_s": rate, "sync_s": statistics.median(syncs),
+            "weight_bytes": weight_bytes(actor, quantized_names if fmt == "int8" else set(), bytes_per)}
+        print(f"  {name:13s} {engine_name:5s} ({engine.dtype:8s}) {rate:9.0f} tok/s   sync {1000 * row['engines'][engine_name]['sync_s']:7.1f} ms",
+              flush=True)
         del engine
         gc.collect()
-    print(f"\nCPU: {describe_cpu()}")
-    print(f"model: {args.layers} layers, d={args.hidden}; {args.prompts} prompts x {args.n} samples x {args.tokens} tokens")
-    for fmt, (rate, sync) in results.items():
-        print(f"{fmt:5s} decode {rate:9.0f} tokens/s   quantize+sync {1000 * sync:7.1f} ms")
-    print(f"int8 / bf16 decode throughput ratio: {results['int8'][0] / results['bf16'][0]:.2f}")
+    unquantized = {k: v for k, v in row["engines"].items() if ENGINES[k][0] == "none"}
+    if "int8" in row["engines"] and unquantized:
+        best = max(unquantized, key=lambda k: unquantized[k]["decode_tokens_per_s"])
+        int8 = row["engines"]["int8"]
+        row["best_unquantized"] = best
+        row["int8_speedup"] = int8["decode_tokens_per_s"] / unquantized[best]["decode_tokens_per_s"]
+        row["memory_bound_limit"] = unquantized[best]["weight_bytes"] / int8["weight_bytes"]
+    del actor
+    gc.collect()
+    return row
+
+
+def plot(rows, path, cpu):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [r for r in rows if "int8_speedup" in r]
+    x = [r["params"] / 1e6 for r in rows]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(x, [r["int8_speedup"] for r in rows], "o-", label="INT8 W8A8 / fastest unquantized (measured)")
+    ax.plot(x, [r["memory_bound_limit"] for r in rows], "s--", label="memory-bound limit (weight bytes)")
+    for r, xi in zip(rows, x):
+        ax.annotate(f"{r['shape']}\nvs {r['best_unquantized']}", (xi, r["int8_speedup"]), fontsize=8,
+                    textcoords="offset points", xytext=(4, -18))
+    ax.axhline(1.0, color="black", lw=0.5)
+    ax.set_xscale("log")
+    ax.set_xlabel("parameters (millions, random weights)")
+    ax.set_ylabel("decode throughput ratio")
+    ax.set_title(f"vLLM rollout decode speed-up of INT8\n{cpu}", fontsize=9)
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--prompts", type=int, default=32, help="prompts per batch")
+    p.add_argument("--n", type=int, default=4, help="samples per prompt")
+    p.add_argument("--tokens", type=int, default=64, help="decoded tokens per sample (exactly)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--kv-cache-gib", type=int, default=2)
+    p.add_argument("--out", default="docs/results/bench_rollout", help="writes OUT.json and OUT.png ('' = none)")
+    args = p.parse_args()
+
+    from qurl_mini.engine import Platform
+    from qurl_mini.hardware import describe_cpu
+    from qurl_mini.progress import setup_logging
+
+    setup_logging()
+    cpu, platform = describe_cpu(), Platform.detect()
+    print(f"CPU: {cpu}\n{args.prompts} prompts x {args.n} samples x {args.tokens} tokens per batch, "
+          f"median of {args.repeats}", flush=True)
+    with tempfile.TemporaryDirectory() as tmp:
+        rows = [bench_shape(name, SHAPES[name], args, platform, tmp) for name in args.shapes]
+
+    print(f"\nCPU: {cpu}")
+    print(f"{'shape':13s} {'params':>8s} " + " ".join(f"{e:>9s}" for e in args.engines) +
+          "  int8/best  mem-bound limit")
+    for r in rows:
+        rates = " ".join(f"{r['engines'][e]['decode_tokens_per_s']:9.0f}" for e in args.engines)
+        ratio = (f"  {r['int8_speedup']:6.2f}x vs {r['best_unquantized']}  {r['memory_bound_limit']:6.2f}x"
+                 if "int8_speedup" in r else "")
+        print(f"{r['shape']:13s} {r['params'] / 1e6:7.1f}M {rates}{ratio}")
+    if args.out:
+        os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
+        with open(args.out + ".json", "w") as f:
+            json.dump({"cpu": cpu, "settings": vars(args), "random_weights": True, "rows": rows}, f, indent=1)
+        plot(rows, args.out + ".png", cpu)
+        print(f"wrote {args.out}.json and {args.out}.png")
 
 
 if __name__ == "__main__":

@@ -21,7 +21,9 @@ def _f(default, help, **kw):
 class Config:
     # what to train
     algo: Literal[tuple(ALGORITHMS)] = _f("grpo", "RL algorithm: GRPO, PPO (critic + GAE) or DAPO")
-    quant: Literal["none", "int8", "fp8"] = _f("none", "rollout engine precision: bf16 (none), W8A8 INT8 or FP8")
+    quant: Literal["none", "int8", "fp8", "int4"] = _f(
+        "none", "rollout engine precision: unquantized (none), W8A8 INT8 or FP8; int4 = weights 4-bit per group "
+                "of 32, emulated: a stress format beyond the paper")
     objective: Optional[str] = _f(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
                                         "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL). Default: acr if --quant, else ppo")
     model: Optional[str] = _f(None, "HF hub id or local folder of a causal LM; default: the embedded tiny "

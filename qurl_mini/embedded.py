@@ -45,13 +45,15 @@ def build_char_tokenizer():
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
 
 
-def tiny_qwen2_config(tokenizer, layers=4, hidden=192, heads=6, kv_heads=2):
+def tiny_qwen2_config(tokenizer, layers=4, hidden=192, heads=6, kv_heads=2, intermediate=None, vocab_size=128,
+                      max_positions=256):
+    """The embedded shape by default; other shapes (e.g. Qwen2.5-0.5B's, for benchmarks) by keyword."""
     from transformers import Qwen2Config
 
     return Qwen2Config(
-        vocab_size=128, hidden_size=hidden, intermediate_size=hidden * 8 // 3 // 64 * 64,
+        vocab_size=vocab_size, hidden_size=hidden, intermediate_size=intermediate or hidden * 8 // 3 // 64 * 64,
         num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=kv_heads,
-        max_position_embeddings=256, tie_word_embeddings=True, rope_theta=10000.0,
+        max_position_embeddings=max_positions, tie_word_embeddings=True, rope_theta=10000.0,
         eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
         bos_token_id=tokenizer.eos_token_id, torch_dtype="float32",
     )

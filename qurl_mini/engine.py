@@ -36,18 +36,26 @@ class Platform:
         return "bfloat16" if self.bf16_math else "float32"
 
     def engine_format(self, quant_fmt: str) -> str:
-        """What the engine really runs: 'bf16', 'int8', 'fp8' or 'fp8-emulated' (bf16 engine)."""
+        """What the engine really runs: 'bf16' (unquantized, any dtype), 'int8', 'fp8', or an
+        '-emulated' format: weights rounded to the format's grid, run in an unquantized engine."""
         if quant_fmt == "fp8" and not self.fp8_kernel:
             return "fp8-emulated"
-        return {"none": "bf16"}.get(quant_fmt, quant_fmt)
+        return {"none": "bf16", "int4": "int4-emulated"}.get(quant_fmt, quant_fmt)
 
     def resolve_format(self, quant_fmt: str) -> str:
         """`engine_format`, saying once when the engine has to emulate what was asked for."""
         engine_format = self.engine_format(quant_fmt)
-        if engine_format == "fp8-emulated":
-            log.warning("FP8: no FP8 kernel on this machine; the rollout engine EMULATES FP8 "
-                        "(weights rounded to e4m3 with per-channel scales, computed unquantized)")
+        if engine_format in EMULATION_NOTES:
+            log.warning(EMULATION_NOTES[engine_format])
         return engine_format
+
+
+EMULATION_NOTES = {
+    "fp8-emulated": "FP8: no FP8 kernel on this machine; the rollout engine EMULATES FP8 "
+                    "(weights rounded to e4m3 with per-channel scales, computed unquantized)",
+    "int4-emulated": f"INT4 (a stress format beyond the paper): the rollout engine EMULATES it (weights rounded "
+                     f"to 4 bits per group of {quant.INT4_GROUP} columns, computed unquantized; not faster)",
+}
 
 
 @dataclass
@@ -85,7 +93,7 @@ class RolloutEngine:
         pairs, quantized = checkpoint_tensors(actor, engine_format, getattr(torch, dtype))
         if engine_format in ("int8", "fp8"):
             quant.save_quantized_checkpoint(actor, tokenizer, path, engine_format, pairs)
-        else:  # a bf16 engine; for FP8 emulation its weights are already on the e4m3 grid
+        else:  # an unquantized engine; for emulated formats its weights are already on the grid
             actor.save_pretrained(path, state_dict=dict(pairs), safe_serialization=True)
             tokenizer.save_pretrained(path)
         return cls(path, engine_format=engine_format, platform=platform, dtype=dtype, **engine_kwargs), quantized
@@ -160,6 +168,6 @@ def checkpoint_tensors(actor, engine_format: str, dtype=torch.bfloat16):
     {name: (codes, scale)} (empty for an unquantized engine)."""
     if engine_format == "bf16":
         return [(n, t.detach().to(dtype)) for n, t in actor.state_dict().items()], {}
-    if engine_format == "fp8-emulated":
-        return quant.quantized_state(actor, "fp8", dtype=dtype, emulate=True)
+    if engine_format.endswith("-emulated"):
+        return quant.quantized_state(actor, engine_format.removesuffix("-emulated"), dtype=dtype, emulate=True)
     return quant.quantized_state(actor, engine_format, dtype=dtype)

@@ -7,6 +7,10 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 
 def setup_logging(level=logging.INFO) -> None:
+    import os
+
+    # vLLM configures its own logger at import and logs INFO lines every step: warnings only
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(show_path=False, markup=False)], force=True)
     for noisy in ("vllm", "transformers", "datasets", "httpx", "urllib3"):

@@ -2,6 +2,8 @@
 
 Weights: symmetric, per output channel, static.  Activations: symmetric, per token, dynamic.
 This matches vLLM's W8A8 kernels and the compressed-tensors checkpoint format they load.
+INT4 (beyond the paper, a stress format that makes the sampler/learner gap visible at toy scale):
+weights only, symmetric per group of INT4_GROUP input columns, always emulated in an unquantized engine.
 """
 import contextlib
 import json
@@ -11,30 +13,44 @@ import shutil
 import torch
 import torch.nn.functional as F
 
-FORMATS = ("int8", "fp8")
-QMAX = {"int8": 127.0, "fp8": 448.0}  # largest code: int8, float8_e4m3fn
+FORMATS = ("int8", "fp8", "int4")
+QMAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0}  # largest code: int8, float8_e4m3fn, int4
+INT4_GROUP = 32  # input columns sharing one int4 scale
 EPS = 1e-12  # keeps the scale of an all-zero row finite
 
 
 def _to_codes(x_over_scale: torch.Tensor, fmt: str) -> torch.Tensor:
     if fmt == "int8":
         return torch.round(x_over_scale).clamp(-128, 127).to(torch.int8)
+    if fmt == "int4":  # held in int8 storage
+        return torch.round(x_over_scale).clamp(-8, 7).to(torch.int8)
     if fmt == "fp8":
         return x_over_scale.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
     raise ValueError(f"unknown quantization format {fmt!r}; choose from {FORMATS}")
 
 
 def quantize_weight(w: torch.Tensor, fmt: str):
-    """(q, scale) for a [out, in] weight: scale = amax(|w|, dim=1) / qmax, shape [out, 1], float32."""
+    """(q, scale) for a [out, in] weight: scale = amax(|w|, dim=1) / qmax, shape [out, 1], float32
+    (int4: one scale per group of INT4_GROUP columns, shape [out, in / INT4_GROUP])."""
     if fmt not in QMAX:
         raise ValueError(f"unknown quantization format {fmt!r}; choose from {FORMATS}")
     w = w.detach().float()
+    if fmt == "int4":
+        out, cols = w.shape
+        if cols % INT4_GROUP:
+            raise ValueError(f"int4: {cols} input columns are not a multiple of the group size {INT4_GROUP}")
+        groups = w.view(out, cols // INT4_GROUP, INT4_GROUP)
+        scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / QMAX[fmt]
+        return _to_codes(groups / scale, fmt).view(out, cols), scale.squeeze(-1)
     scale = w.abs().amax(dim=1, keepdim=True).clamp(min=EPS) / QMAX[fmt]
     return _to_codes(w / scale, fmt), scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    return q.float() * scale
+    if scale.shape[-1] in (1, q.shape[-1]):  # per channel
+        return q.float() * scale
+    groups = scale.shape[-1]  # per group of columns
+    return (q.float().view(*q.shape[:-1], groups, -1) * scale[..., None]).view(q.shape)
 
 
 def quantize_activation(x: torch.Tensor, fmt: str):

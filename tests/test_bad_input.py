@@ -37,7 +37,7 @@ def one_line_error(err):
 
 @pytest.mark.parametrize("flags, message", [
     (["--algo", "sac"], "argument --algo: invalid choice: 'sac'"),
-    (["--quant", "int4"], "argument --quant: invalid choice: 'int4'"),
+    (["--quant", "int2"], "argument --quant: invalid choice: 'int2'"),
     (["--objective", "grpo"], "--objective 'grpo': choose from"),
     (["--group-size", "1"], "--group-size 1 with --algo grpo"),
     (["--uaq-scale", "0"], "--uaq-scale must be > 0"),

@@ -130,3 +130,21 @@ def test_uaq_refuses_a_model_it_cannot_fold_naming_the_layer():
         apply_uaq(good, 1.5)
     with pytest.raises(UAQError, match="must be > 0"):
         apply_uaq(_tiny_model(), 0.0)
+
+
+def test_int4_groups_have_their_own_scale_and_stay_on_the_grid():
+    from qurl_mini.quant import INT4_GROUP, dequantize, quantize_weight
+
+    torch.manual_seed(0)
+    w = torch.randn(6, 4 * INT4_GROUP)
+    w[:, :INT4_GROUP] *= 100  # one loud group must not coarsen the others
+    q, scale = quantize_weight(w, "int4")
+    assert q.dtype == torch.int8 and q.min() >= -8 and q.max() <= 7 and scale.shape == (6, 4)
+    expected_scale = w.view(6, 4, INT4_GROUP).abs().amax(-1) / 7
+    assert torch.allclose(scale, expected_scale)
+    w_hat = dequantize(q, scale)
+    err = (w_hat - w).abs().view(6, 4, INT4_GROUP)
+    assert (err <= scale[..., None] / 2 + 1e-6).all()  # round-to-nearest: at most half a step per group
+    assert err[:, 1:].max() < 0.2 * err[:, 0].max()
+    with pytest.raises(ValueError, match="not a multiple of the group size"):
+        quantize_weight(torch.randn(4, INT4_GROUP + 1), "int4")
