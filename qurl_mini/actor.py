@@ -2,7 +2,7 @@
 import os
 
 import torch
-import torch.nn.functional as F
+import torch.utils.checkpoint
 
 
 class ModelError(ValueError):
@@ -50,11 +50,35 @@ def load_tokenizer(model: str):
     return AutoTokenizer.from_pretrained(model)
 
 
-def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0) -> torch.Tensor:
-    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t, float32, [N, L-1]."""
-    logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float()
-    logp = F.log_softmax(logits / temperature, dim=-1)
-    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+LOGPROB_CHUNK_TOKENS = 1024  # positions whose [chunk, vocab] fp32 logits exist at one time
+
+
+def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0,
+                   chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
+    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t, float32, [N, L-1].
+
+    Never materialises [N, L, vocab] logits (tens of GB for a 152k vocabulary): the lm_head runs on
+    `chunk_tokens` positions at a time, each reduced at once to logit(target) - logsumexp(logits);
+    under autograd each chunk is recomputed in the backward pass instead of being kept."""
+    if getattr(model.config, "final_logit_softcapping", None) or hasattr(model.config, "logit_scale"):
+        # the head does more than a linear map (Gemma 2, Cohere): take the model's own logits
+        logits = model(input_ids=input_ids, attention_mask=attention_mask).logits[:, :-1].float() / temperature
+        return logits.log_softmax(-1).gather(-1, input_ids[:, 1:, None]).squeeze(-1)
+    hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    targets = input_ids[:, 1:]
+    head = model.get_output_embeddings()
+
+    def chunk_logprobs(h, t):
+        logits = head(h).float() / temperature
+        return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    pieces = []
+    for i in range(0, flat_targets.numel(), chunk_tokens):
+        h, t = flat_hidden[i:i + chunk_tokens], flat_targets[i:i + chunk_tokens]
+        pieces.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, t, use_reentrant=False)
+                      if torch.is_grad_enabled() and h.requires_grad else chunk_logprobs(h, t))
+    return torch.cat(pieces).view(targets.shape) if pieces else hidden.new_zeros(targets.shape, dtype=torch.float32)
 
 
 @torch.no_grad()
