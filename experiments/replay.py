@@ -245,9 +245,10 @@ def main(argv=None) -> int:
                 f"UAQ rows: INT8 + ACR, lr {args.uaq_lr:g}, {args.uaq_steps} steps, seed {args.seeds[0]}")
     from qurl_mini.hardware import describe_cpu
 
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     md = [f"# Replay of the paper's comparisons at toy scale\n\nMade by `python experiments/replay.py "
-          f"{' '.join(argv if argv is not None else sys.argv[1:])}` in {(time.time() - t0) / 60:.0f} min "
-          f"(runs already on disk are reused) on {describe_cpu()}.\n{settings}.\n",
+          f"{' '.join(argv if argv is not None else sys.argv[1:])}` at commit {commit or '?'} in "
+          f"{(time.time() - t0) / 60:.0f} min (runs already on disk are reused) on {describe_cpu()}.\n{settings}.\n",
           "## Table 1 analogue\n", table_markdown(table, args), ""]
     if uaq:
         md += ["## Fig. 9 / Table 4 analogue (UAQ)\n", uaq_markdown(uaq), ""]
