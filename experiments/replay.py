@@ -219,6 +219,7 @@ def main(argv=None) -> int:
         args.seeds, args.only, args.steps, args.eval_size, args.prompts_per_step = [0], ["bf16", "int8-acr"], 2, 10, 4
         args.uaq_steps = 2
     rows = args.only or list(TABLE_ROWS)
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     work = args.out + "_work"
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     common = ["--algo", "grpo", "--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
@@ -245,7 +246,6 @@ def main(argv=None) -> int:
                 f"UAQ rows: INT8 + ACR, lr {args.uaq_lr:g}, {args.uaq_steps} steps, seed {args.seeds[0]}")
     from qurl_mini.hardware import describe_cpu
 
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     md = [f"# Replay of the paper's comparisons at toy scale\n\nMade by `python experiments/replay.py "
           f"{' '.join(argv if argv is not None else sys.argv[1:])}` at commit {commit or '?'} in "
           f"{(time.time() - t0) / 60:.0f} min (runs already on disk are reused) on {describe_cpu()}.\n{settings}.\n",
