@@ -1,4 +1,5 @@
 """Problems, answer extraction, GSM8K loading from local files, and the resumable data order."""
+import os
 import json
 import logging
 
@@ -122,3 +123,20 @@ def test_cpu_isa_names_the_instructions_that_decide_quantized_speed():
     assert (isa(avx512), has_int8_dot_product(avx512), has_bf16_arithmetic(avx512)) == ("AVX-512 VNNI+BF16", True, True)
     assert isa(amx) == "AMX" and isa(avx2 | {"avx_vnni"}) == "AVX2+AVX-VNNI"
     assert has_int8_dot_product(avx2 | {"avx_vnni"}) and not has_bf16_arithmetic(avx2 | {"avx_vnni"})
+
+
+GSM8K_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "..", "shared", "data", "gsm8k")
+
+
+@pytest.mark.skipif(not os.path.isdir(GSM8K_DIR), reason="../shared/data/gsm8k is not beside this checkout")
+def test_real_gsm8k_files_load_whole_and_every_gold_answer_earns_reward_one():
+    from qurl_mini.data import load_local, reward
+
+    train = load_local(os.path.join(GSM8K_DIR, "train.jsonl"))
+    test = load_local(os.path.join(GSM8K_DIR, "test.jsonl"))
+    assert (len(train), len(test)) == (7473, 1319)
+    assert all(reward(p.answer, p) == 1.0 for p in train + test)
+    # the gold number is the one after '####', thousands separators removed
+    with_commas = [p for p in train + test if "," in p.answer.rsplit("####", 1)[1]]
+    assert with_commas and all(p.target == float(p.answer.rsplit("####", 1)[1].strip().replace(",", ""))
+                               for p in with_commas)
