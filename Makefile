@@ -11,7 +11,9 @@ TORCH_CPU_INDEX := https://download.pytorch.org/whl/cpu
 # --extra-index-url $(TORCH_CPU_INDEX) only if not. Set PIP_ARGS yourself (even to nothing) to skip that probe.
 ifeq ($(origin PIP_ARGS)-$(TARGET),undefined-cpu)
 PIP_ARGS = $$($(BIN)/python scripts/torch_index.py $(TORCH_CPU_INDEX))
+VERL_PIP_ARGS = $$($(VERL_BIN)/python scripts/torch_index.py $(TORCH_CPU_INDEX))
 endif
+VERL_PIP_ARGS ?= $(PIP_ARGS)
 ifeq ($(TARGET),cpu)
 INSTALL_WHY := (its torch +cpu build comes from the PyTorch CPU wheel index $(TORCH_CPU_INDEX))
 endif
@@ -19,8 +21,17 @@ endif
 INSTALL_FAILED = install failed: pip could not install requirements-$(TARGET).txt$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 RUN    := runs/grpo-int8-acr
+# verl (qurl_mini/integrations/verl_plugin.py) pins transformers<5.11, this env has 5.19: so its own env,
+# with this project installed editable (its `verl.plugins` entry point) and .venv's CPU torch
+VERL_VENV := .venv-verl
+VERL_BIN  := $(VERL_VENV)/bin
+VERL_PIN  := verl==0.9.1
+# torch==<the pin of requirements-cpu.txt>+cpu, as scripts/torch_index.py reads it
+TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0, "scripts"); import torch_index; print(torch_index.torch_version())')
+VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
+ check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install demo test bench clean
+.PHONY: install verl-env demo test bench clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -37,11 +48,24 @@ demo: install
 	$(BIN)/python train.py --algo grpo --quant int8
 	$(BIN)/python eval.py --run $(RUN)
 
-test: install
-	$(BIN)/python -m pytest
+# CPU: the CPU torch goes in first, or pip resolves verl's torch to a CUDA build (~3 min, 1.9 GB in all)
+$(VERL_VENV)/.installed-$(TARGET): pyproject.toml requirements-cpu.txt
+	test -x $(VERL_BIN)/python || $(PYTHON) -m venv $(VERL_VENV)
+	if [ "$(TARGET)" = cpu ]; then $(VERL_BIN)/pip install -q $(VERL_PIP_ARGS) "$(TORCH_CPU_SPEC)" \
+	  || { echo >&2 '$(VERL_INSTALL_FAILED)'; exit 1; }; fi
+	$(VERL_BIN)/pip install -q $(VERL_PIP_ARGS) -e '.[verl]' pytest || { echo >&2 '$(VERL_INSTALL_FAILED)'; exit 1; }
+	$(VERL_BIN)/python -c "import verl, torch; from verl.trainer.ppo.core_algos import get_policy_loss_fn as f;\
+	  f('qurl_acr'); print('installed: verl', verl.__version__, '/ torch', torch.__version__, '/ loss_mode qurl_acr')"
+	touch $@
+
+verl-env: $(VERL_VENV)/.installed-$(TARGET)
+
+# tests/test_verl_plugin.py reruns itself inside $(VERL_VENV); QURL_REQUIRE_VERL: fail, not skip, without it
+test: install verl-env
+	QURL_REQUIRE_VERL=1 $(BIN)/python -m pytest
 
 bench: install
 	$(BIN)/python benchmarks/bench_rollout.py
 
 clean:
-	rm -rf $(VENV) .cache runs
+	rm -rf $(VENV) $(VERL_VENV) .cache runs

@@ -1,11 +1,17 @@
 """Write a W8A8 INT8/FP8 compressed-tensors checkpoint that plain `vllm.LLM(model=OUT)` loads.
 
     python quantize.py --model DIR --fmt int8 [--uaq-scale 1.5] --out DIR [--check]
+    python quantize.py --model DIR --fmt none --uaq-scale 1.5 --out DIR [--check]
 
 --check loads the result in vLLM next to the bf16 model and reports the log-prob gap on a few
 problems (FP8 without an FP8 kernel: measured with the HF fake-quant emulation instead).
+--fmt none quantizes nothing: it writes the UAQ-rescaled model (Eq. 11) as a plain HF checkpoint in
+the input's dtype, for any trainer to start from (e.g. verl with its own FP8 rollout); config.json
+records uaq_scale, and --check compares its log-probs with the input's (equal up to rounding).
 """
 import argparse
+import os
+import shutil
 import sys
 
 from qurl_mini.progress import setup_logging
@@ -18,9 +24,18 @@ def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dic
     from qurl_mini.engine import Platform, RolloutEngine
     from qurl_mini.quant import fake_quantized
 
-    platform = Platform.detect()
     actor, tokenizer = load_actor(model_dir)
     sequences = [tokenizer.encode(t) for t in texts]
+    if fmt == "none":  # UAQ only: the same function (Eq. 11), so the gap is rounding
+        rescaled, _ = load_actor(out_dir)
+        with torch.no_grad():
+            gaps = []
+            for seq in sequences:
+                ids = torch.tensor([seq])
+                gaps += (token_logprobs(rescaled, ids, torch.ones_like(ids)) -
+                         token_logprobs(actor, ids, torch.ones_like(ids))).abs().flatten().tolist()
+        return {"how": "HF model before vs after UAQ, float32", "max": max(gaps), "mean": sum(gaps) / len(gaps)}
+    platform = Platform.detect()
     max_len = max(map(len, sequences)) + 8
     if fmt == "fp8" and not platform.fp8_kernel:
         with torch.no_grad():
@@ -42,32 +57,55 @@ def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dic
     return {"how": "vLLM bf16 engine vs vLLM quantized engine", "max": max(gaps), "mean": sum(gaps) / len(gaps)}
 
 
+def save_uaq_checkpoint(model, tokenizer, out_dir: str) -> str:
+    """The (UAQ-rescaled) model as a plain HF folder in its own dtype, written under a temporary name."""
+    tmp_dir = out_dir.rstrip("/") + ".tmp"
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    model.save_pretrained(tmp_dir)
+    tokenizer.save_pretrained(tmp_dir)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    os.replace(tmp_dir, out_dir)
+    return out_dir
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF folder or hub id (a causal LM)")
-    parser.add_argument("--fmt", choices=["int8", "fp8"], required=True, help="quantization format")
+    parser.add_argument("--fmt", choices=["int8", "fp8", "none"], required=True,
+                        help="quantization format; none: only UAQ, an HF checkpoint in the input's dtype")
     parser.add_argument("--uaq-scale", type=float, default=1.0, help="apply UAQ with this s first (1.0 = off)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--check", action="store_true", help="load the result and report the log-prob gap")
     args = parser.parse_args(argv)
+    if args.fmt == "none" and args.uaq_scale == 1.0:
+        print("error: --fmt none only applies UAQ: give --uaq-scale s != 1 (1.5 recommended)", file=sys.stderr)
+        return 2
     setup_logging()
+    import torch
+
     from qurl_mini.actor import ModelError, load_actor
     from qurl_mini.data import synthetic_splits
     from qurl_mini.quant import save_quantized_checkpoint
     from qurl_mini.uaq import UAQError, apply_uaq
 
     try:
-        model, tokenizer = load_actor(args.model)
+        model, tokenizer = load_actor(args.model, dtype="auto" if args.fmt == "none" else torch.float32)
         apply_uaq(model, args.uaq_scale)
     except (ModelError, UAQError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    save_quantized_checkpoint(model, tokenizer, args.out, args.fmt)
-    print(f"wrote {args.fmt} W8A8 checkpoint (compressed-tensors) to {args.out}")
+    if args.fmt == "none":
+        save_uaq_checkpoint(model, tokenizer, args.out)
+        print(f"wrote UAQ-rescaled (s={args.uaq_scale:g}) {str(model.dtype).removeprefix('torch.')} HF checkpoint "
+              f"(not quantized) to {args.out}")
+    else:
+        save_quantized_checkpoint(model, tokenizer, args.out, args.fmt)
+        print(f"wrote {args.fmt} W8A8 checkpoint (compressed-tensors) to {args.out}")
     if args.check:
         _, problems = synthetic_splits(0, 4, max_number=10, seed=1234)
         gap = logprob_gap(args.model, args.out, args.fmt, [p.prompt + p.answer for p in problems])
-        print(f"check ({gap['how']}): |log p_quant - log p_bf16| max {gap['max']:.4f}, mean {gap['mean']:.4f} nats")
+        what = "|log p_uaq - log p_in|" if args.fmt == "none" else "|log p_quant - log p_bf16|"
+        print(f"check ({gap['how']}): {what} max {gap['max']:.4f}, mean {gap['mean']:.4f} nats")
     return 0
 
 
