@@ -106,11 +106,11 @@ class RolloutEngine:
     # -- generation ----------------------------------------------------------------------------
 
     def generate(self, prompts: list[list[int]], *, n: int, temperature: float, max_tokens: int,
-                 stop_token_ids: list[int]) -> list[list[Rollout]]:
-        """n samples per prompt, each with the sampled tokens' log-probs."""
+                 stop_token_ids: list[int], top_p: float = 1.0) -> list[list[Rollout]]:
+        """n samples per prompt (nucleus sampling below top_p < 1), each with the sampled tokens' log-probs."""
         from vllm import SamplingParams
 
-        params = SamplingParams(n=n, temperature=temperature, max_tokens=max_tokens, logprobs=0,
+        params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_tokens, logprobs=0,
                                 stop_token_ids=stop_token_ids, detokenize=False)
         outputs = self.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
         groups = []
