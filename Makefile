@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install verl-env demo test bench clean
+.PHONY: install verl-env demo test bench replay clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -66,6 +66,10 @@ test: install verl-env
 
 bench: install
 	$(BIN)/python benchmarks/bench_rollout.py
+	$(BIN)/python benchmarks/bench_step.py
+
+replay: install
+	$(BIN)/python experiments/replay.py
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache runs
