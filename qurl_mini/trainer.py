@@ -180,7 +180,8 @@ class Trainer:
         return summary
 
     def evaluate(self) -> float:
-        return greedy_accuracy(self.actor, self.tokenizer, self.test_problems, self.cfg.max_new_tokens)[0]
+        return greedy_accuracy(self.actor, self.tokenizer, self.test_problems, self.cfg.max_new_tokens,
+                               prompts=self.prompts)[0]
 
     def step(self, step: int) -> dict:
         cfg, timer = self.cfg, Timer()
