@@ -40,6 +40,10 @@ def build_parser() -> argparse.ArgumentParser:
     add("--test-data", default=None, help="held-out file (default: split off --data)")
     add("--eval-size", type=int, default=None, help="held-out problems (default 200; GSM8K's test set has 1319)")
     add("--max-new-tokens", type=int, default=None, help="longest response (default 24)")
+    add("--prompt-format", choices=["auto", "plain", "chat"], default=None,
+        help="as train.py's (default: the run's, else auto = chat when the tokenizer has a chat template)")
+    add("--max-prompt-tokens", type=int, default=None, help="drop (and count) longer prompts, as train.py does "
+                                                            "(default: the run's, else none dropped)")
     add("--max-number", type=int, default=None, help="synthetic task: largest number (default 10)")
     add("--seed", type=int, default=None, help="split seed (must match training for a file) and engine seed")
     add("--k", type=int, default=1, help="samples per problem for Avg@k and pass@k (1 = greedy Avg@1 only)")
@@ -86,6 +90,10 @@ def resolve_run(args) -> dict:
         args.temperature = cfg.get("temperature", 1.0)
     if args.engine_dtype is None:
         args.engine_dtype = cfg.get("engine_dtype", "auto")
+    if args.prompt_format is None:
+        args.prompt_format = cfg.get("prompt_format", "auto")
+    if args.max_prompt_tokens is None:
+        args.max_prompt_tokens = cfg.get("max_prompt_tokens")
     rel = os.path.join(cfg.get("out_dir", "runs"), cfg.get("run_name", os.path.basename(os.path.normpath(run))))
     roles = {_run_path(base, run, rel): "start", _run_path(final, run, rel): "final"}
     args.model = list(roles) + [m for m in args.model if m not in roles]
@@ -118,6 +126,10 @@ def check(args) -> None:
         args.temperature = 1.0
     if args.engine_dtype is None:
         args.engine_dtype = "auto"
+    if args.prompt_format is None:
+        args.prompt_format = "auto"
+    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
+        raise InputError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     if args.engine_dtype not in ENGINE_DTYPES:
         raise InputError(f"--engine-dtype {args.engine_dtype!r}: choose from {ENGINE_DTYPES}")
     if not args.model:
@@ -148,10 +160,14 @@ def evaluate_model(path: str, test, args, platform) -> dict:
     from qurl_mini.evaluate import EngineEval, engine_samples, free_engine, mean_pass_at_k, pass_at_ks, start_engine
     from qurl_mini.progress import progress_bar
 
+    from qurl_mini.prompts import PromptBuilder
+
     t0 = time.time()
     actor, tokenizer = load_actor(path)
+    prompts = PromptBuilder(args.prompt_format, tokenizer)
+    test = prompts.fitting(test, args.max_prompt_tokens, "test problems")
     engine = start_engine(actor, tokenizer, test, args.max_new_tokens, quant_fmt=args.quant, dtype=args.engine_dtype,
-                          seed=args.seed, platform=platform, kv_cache_gib=args.kv_cache_gib,
+                          seed=args.seed, platform=platform, prompts=prompts, kv_cache_gib=args.kv_cache_gib,
                           gpu_memory_utilization=args.gpu_memory_utilization)
     del actor  # the engine holds its own copy
     gc.collect()
@@ -163,7 +179,7 @@ def evaluate_model(path: str, test, args, platform) -> dict:
         with progress_bar(f"eval {os.path.basename(os.path.normpath(path)) or path}", calls) as advance:
             t1 = time.time()
             greedy = engine_samples(engine, tokenizer, test, args.max_new_tokens, batch_sequences=args.batch_size,
-                                    advance=lambda info: advance(f"greedy {info}"))
+                                    advance=lambda info: advance(f"greedy {info}"), prompts=prompts)
             t_greedy = time.time() - t1
             t1 = time.time()
             sampled = greedy
@@ -171,7 +187,7 @@ def evaluate_model(path: str, test, args, platform) -> dict:
                 sampled = engine_samples(engine, tokenizer, test, args.max_new_tokens, n=args.k,
                                          temperature=args.temperature, top_p=args.top_p,
                                          batch_sequences=args.batch_size,
-                                         advance=lambda info: advance(f"k={args.k} samples {info}"))
+                                         advance=lambda info: advance(f"k={args.k} samples {info}"), prompts=prompts)
             elif args.k > 1:  # temperature 0: k copies of the greedy response
                 sampled = EngineEval(test, *([row * args.k for row in rows] for rows in
                                              (greedy.responses, greedy.correct, greedy.lengths, greedy.truncated)))
@@ -275,6 +291,7 @@ def main(argv=None) -> int:
     from qurl_mini.data import DataError, load_problems
     from qurl_mini.engine import Platform
     from qurl_mini.evaluate import ContextError
+    from qurl_mini.prompts import PromptError
 
     log = logging.getLogger("qurl_mini")
     if args.k > 1 and args.temperature == 0:
@@ -291,7 +308,7 @@ def main(argv=None) -> int:
             if run_info and path in run_info["roles"]:
                 results[path].update(role=run_info["roles"][path],
                                      train_py_greedy_accuracy=run_info["trainer_greedy"][path])
-    except (DataError, ModelError, ContextError) as e:
+    except (DataError, ModelError, ContextError, PromptError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_results(results, args, len(test), run_info)

@@ -6,11 +6,29 @@ import sys
 from qurl_mini.config import parse_args
 from qurl_mini.progress import setup_logging
 
-ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError")
+ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError")
+
+
+def dry_run_report(cfg) -> str:
+    """The resolved flags and the memory plan, without loading anything."""
+    from qurl_mini.memory import memory_plan, model_shape
+
+    lines = ["resolved config:", json.dumps(cfg.to_dict(), indent=1)]
+    shape = model_shape(cfg.model)
+    if shape is None:
+        lines.append(f"memory estimate: unknown shape for --model {cfg.model} (not a local folder or a known hub id)")
+    else:
+        lines.append(f"memory estimate (GiB, an ESTIMATE from the sizes; {shape.params / 1e9:.2f}B parameters):")
+        for part, gib in memory_plan(cfg, shape).items():
+            lines.append(f"  {part:72s} {gib if isinstance(gib, bool) else f'{gib:7.1f}'}")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
     cfg = parse_args(argv)
+    if cfg.dry_run:
+        print(dry_run_report(cfg))
+        return 0
     setup_logging()
     from qurl_mini.trainer import Trainer
 

@@ -1,6 +1,8 @@
 """Every flag of train.py, in one dataclass (HfArgumentParser turns it into the CLI), and its checks."""
+import json
 import math
-from dataclasses import asdict, dataclass, field
+import os
+from dataclasses import asdict, dataclass, field, fields
 from typing import Literal, Optional
 
 from .algorithms import ALGORITHMS
@@ -30,6 +32,11 @@ class Config:
                                     "Qwen2, SFT-warm-started on first use")
     data: str = _f("synthetic", "'synthetic' (embedded arithmetic task), 'gsm8k' (hub) or a .jsonl/.parquet file")
     test_data: Optional[str] = _f(None, "held-out .jsonl/.parquet file (default: split off --data)")
+    prompt_format: Literal["auto", "plain", "chat"] = _f(
+        "auto", "plain = 'Q: ...\\nA: ' (the embedded model); chat = the tokenizer's chat template with the "
+                "instruction to answer after '####'; auto = chat when the tokenizer has a template")
+    max_prompt_tokens: Optional[int] = _f(None, "drop (and count) problems whose prompt is longer; also sizes the "
+                                                "engine (default: the longest prompt)")
     uaq_scale: float = _f(1.0, "UAQ invariant scale s (Eq. 11); 1.0 = off, 1.5 recommended with --quant")
     # rollout
     steps: int = _f(40, "RL steps (one rollout batch + its updates each)")
@@ -73,6 +80,8 @@ class Config:
     teacher_slip: float = _f(0.55, "embedded warm start: share of SFT demonstrations that are off by one")
     max_number: int = _f(10, "largest number in the synthetic problems")
     # run
+    preset: Optional[str] = _f(None, "presets/NAME.json: the flag values of a named setting (flags given still win)")
+    dry_run: bool = _f(False, "print the resolved config and a memory estimate, then exit (loads no model)")
     seed: int = _f(0, "seed of data order, sampling and initialisation")
     run_name: Optional[str] = _f(None, "name of runs/<name> (default: <algo>-<quant>)")
     out_dir: str = _f("runs", "where runs are written")
@@ -99,7 +108,7 @@ class Config:
             if not ok:
                 raise ConfigError(message)
 
-        for name in ("algo", "quant", "engine_dtype"):  # Literal choices are checked by argparse, but not in code
+        for name in ("algo", "quant", "engine_dtype", "prompt_format"):  # Literal choices are checked by argparse, but not in code
             choices = self.__dataclass_fields__[name].type.__args__
             need(getattr(self, name) in choices, f"--{name} {getattr(self, name)!r}: choose from {choices}")
         need(self.objective in OBJECTIVES, f"--objective {self.objective!r}: choose from {OBJECTIVES}")
@@ -108,6 +117,8 @@ class Config:
                      "micro_batch_size", "eval_size", "save_every", "keep", "max_bad_steps", "sft_steps",
                      "dapo_max_tries", "max_number"):
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        need(self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
+             f"--max-prompt-tokens must be >= 1, got {self.max_prompt_tokens}")
         need(self.eval_every >= 0, f"--eval-every must be >= 0, got {self.eval_every}")
         need(self.overlong_buffer >= 0, f"--overlong-buffer must be >= 0, got {self.overlong_buffer}")
         need(self.group_size >= 2 or not ALGORITHMS[self.algo].group_baseline,
@@ -133,14 +144,43 @@ class Config:
         return asdict(self)
 
 
+PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
+
+
+def presets() -> list[str]:
+    return sorted(f[:-5] for f in os.listdir(PRESETS_DIR) if f.endswith(".json")) if os.path.isdir(PRESETS_DIR) else []
+
+
+def load_preset(name: str) -> dict:
+    """presets/NAME.json as flag values (keys starting with '_' are notes for the reader)."""
+    path = os.path.join(PRESETS_DIR, f"{name}.json")
+    if not os.path.isfile(path):
+        raise ConfigError(f"--preset {name!r}: no such preset (have: {', '.join(presets()) or 'none'})")
+    with open(path) as f:
+        try:
+            values = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"--preset {name!r}: {path} is not JSON ({e.msg})") from None
+    unknown = sorted(set(values) - {f.name for f in fields(Config)})
+    if unknown:
+        raise ConfigError(f"--preset {name!r}: {path} sets unknown flags {unknown}")
+    return values
+
+
 def parse_args(argv=None) -> Config:
-    """Config from the command line; a bad value exits 2 with one line."""
+    """Config from the command line (on top of --preset's values); a bad value exits 2 with one line."""
+    import argparse
     import sys
 
     from transformers import HfArgumentParser
 
     parser = HfArgumentParser(Config, description="QuRL-mini: RL with a quantized vLLM rollout engine.")
     try:
+        pre = argparse.ArgumentParser(add_help=False)
+        pre.add_argument("--preset")
+        chosen = pre.parse_known_args(argv)[0].preset
+        if chosen:
+            parser.set_defaults(**load_preset(chosen))
         (config,) = parser.parse_args_into_dataclasses(args=argv)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

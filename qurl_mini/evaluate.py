@@ -16,15 +16,18 @@ from dataclasses import dataclass, field
 import torch
 
 from .data import Problem, reward
+from .prompts import PromptBuilder
 
 
-def encode_prompt(tokenizer, problem: Problem) -> list[int]:
-    """Prompt token ids, as the trainer's rollout encodes them (special tokens such as a BOS included)."""
-    return tokenizer(problem.prompt)["input_ids"]
+def encode_prompt(tokenizer, problem: Problem, prompts: PromptBuilder | None = None) -> list[int]:
+    """Prompt token ids as the trainer's rollout sends them (`prompts`: the run's PromptBuilder;
+    default: --prompt-format auto)."""
+    return (prompts or PromptBuilder("auto", tokenizer)).ids(problem)
 
 
 @torch.no_grad()
-def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 100):
+def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 100,
+                    prompts: PromptBuilder | None = None):
     """(accuracy, [(question, response, correct)]): HF greedy decoding, exact '####' match."""
     was_training = model.training
     model.eval()
@@ -33,7 +36,7 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: i
     try:
         for i in range(0, len(problems), batch_size):
             chunk = problems[i:i + batch_size]
-            enc = tokenizer.pad({"input_ids": [encode_prompt(tokenizer, p) for p in chunk]}, return_tensors="pt")
+            enc = tokenizer.pad({"input_ids": [encode_prompt(tokenizer, p, prompts) for p in chunk]}, return_tensors="pt")
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -102,7 +105,7 @@ class EngineEval:
 
 def engine_samples(engine, tokenizer, problems: list[Problem], max_new_tokens: int, *, n: int = 1,
                    temperature: float = 0.0, top_p: float = 1.0, batch_sequences: int = 1024,
-                   advance=None) -> EngineEval:
+                   advance=None, prompts: PromptBuilder | None = None) -> EngineEval:
     """n responses per problem (temperature 0: greedy), scored with the exact '####' match.
 
     Problems go to the engine `batch_sequences // n` at a time (vLLM batches within each call);
@@ -111,7 +114,7 @@ def engine_samples(engine, tokenizer, problems: list[Problem], max_new_tokens: i
     per_call = max(1, batch_sequences // n)
     for i in range(0, len(problems), per_call):
         chunk = problems[i:i + per_call]
-        groups = engine.generate([encode_prompt(tokenizer, p) for p in chunk], n=n, temperature=temperature,
+        groups = engine.generate([encode_prompt(tokenizer, p, prompts) for p in chunk], n=n, temperature=temperature,
                                  top_p=top_p, max_tokens=max_new_tokens, stop_token_ids=[tokenizer.eos_token_id])
         for problem, group in zip(chunk, groups):
             texts = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in group]
@@ -135,10 +138,11 @@ class ContextError(ValueError):
     """Prompt + response do not fit the model's context; the message is one line."""
 
 
-def engine_max_model_len(tokenizer, problems: list[Problem], max_new_tokens: int, context: int | None) -> int:
+def engine_max_model_len(tokenizer, problems: list[Problem], max_new_tokens: int, context: int | None,
+                         prompts: PromptBuilder | None = None) -> int:
     """The engine's max_model_len: the longest prompt + max_new_tokens, rounded up to a power of
     two (at most the model's own context, `context`, when known)."""
-    longest = max(len(encode_prompt(tokenizer, p)) for p in problems)
+    longest = max(len(encode_prompt(tokenizer, p, prompts)) for p in problems)
     need = longest + max_new_tokens
     if context is not None and need > context:
         raise ContextError(f"--max-new-tokens {max_new_tokens}: the longest prompt ({longest} tokens) plus the "
@@ -148,7 +152,8 @@ def engine_max_model_len(tokenizer, problems: list[Problem], max_new_tokens: int
 
 
 def start_engine(actor, tokenizer, problems: list[Problem], max_new_tokens: int, *, quant_fmt: str = "none",
-                 dtype: str = "auto", seed: int = 0, platform=None, out_dir: str | None = None, **engine_kwargs):
+                 dtype: str = "auto", seed: int = 0, platform=None, out_dir: str | None = None,
+                 prompts: PromptBuilder | None = None, **engine_kwargs):
     """A `RolloutEngine` on the actor ('none' = unquantized, 'int8', 'fp8' as the quantized sampler
     sees it), sized for these problems. Its checkpoint goes to out_dir (default: a temp dir that
     is removed once vLLM has loaded it). Returns the engine."""
@@ -156,7 +161,7 @@ def start_engine(actor, tokenizer, problems: list[Problem], max_new_tokens: int,
 
     platform = platform or Platform.detect()
     context = getattr(actor.config, "max_position_embeddings", None)
-    max_len = engine_max_model_len(tokenizer, problems, max_new_tokens, context)
+    max_len = engine_max_model_len(tokenizer, problems, max_new_tokens, context, prompts)
     temp = tempfile.TemporaryDirectory(prefix="qurl-eval-") if out_dir is None else contextlib.nullcontext(out_dir)
     with temp as where:
         engine, _ = RolloutEngine.from_actor(actor, tokenizer, where, quant_fmt=quant_fmt, platform=platform,

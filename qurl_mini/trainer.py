@@ -33,6 +33,7 @@ from .evaluate import greedy_accuracy
 from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, value_loss
 from .metrics import MetricsLog, plot_metrics
 from .progress import progress_bar
+from .prompts import PromptBuilder
 from .uaq import apply_uaq
 
 log = logging.getLogger("qurl_mini")
@@ -81,14 +82,19 @@ class Trainer:
 
         self.train_problems, self.test_problems = load_problems(
             cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
-        if cfg.prompts_per_step > len(self.train_problems):
-            raise TrainingError(f"--prompts-per-step {cfg.prompts_per_step} is larger than the "
-                                f"{len(self.train_problems)} training problems")
         self.base_model = base_model_path(cfg, self.train_problems)
 
         resume_from = self._find_resume()
         state = checkpoint.load_trainer_state(resume_from) if resume_from else {}
         self.actor, self.tokenizer = load_actor(os.path.join(resume_from, "actor") if resume_from else self.base_model)
+        self.prompts = PromptBuilder(cfg.prompt_format, self.tokenizer)
+        self.train_problems = self.prompts.fitting(self.train_problems, cfg.max_prompt_tokens, "training problems")
+        self.test_problems = self.prompts.fitting(self.test_problems, cfg.max_prompt_tokens, "test problems")
+        if cfg.prompts_per_step > len(self.train_problems):
+            raise TrainingError(f"--prompts-per-step {cfg.prompts_per_step} is larger than the "
+                                f"{len(self.train_problems)} training problems")
+        log.info("prompt format %r; the first training problem as the model sees it:\n%s",
+                 self.prompts.format, self.prompts.text(self.train_problems[0]))
         if not resume_from:
             apply_uaq(self.actor, cfg.uaq_scale)  # one time, before training (Eq. 11)
         self.actor.train()
@@ -130,8 +136,13 @@ class Trainer:
     def _start_engine(self) -> RolloutEngine:
         """vLLM on a (quantized) copy of the actor, sized for the longest prompt plus response."""
         cfg = self.cfg
-        longest_prompt = max(len(self.tokenizer.encode(p.prompt)) for p in self.train_problems[:2000])
-        max_len = 2 ** math.ceil(math.log2(longest_prompt + cfg.max_new_tokens + 8))
+        longest_prompt = cfg.max_prompt_tokens or max(len(self.prompts.ids(p)) for p in self.train_problems[:2000])
+        positions = getattr(self.actor.config, "max_position_embeddings", None) or math.inf
+        if longest_prompt + cfg.max_new_tokens > positions:
+            raise TrainingError(f"prompts of up to {longest_prompt} tokens + --max-new-tokens {cfg.max_new_tokens} do "
+                                f"not fit the model's {positions} positions; lower --max-new-tokens or set "
+                                f"--max-prompt-tokens")
+        max_len = min(2 ** math.ceil(math.log2(longest_prompt + cfg.max_new_tokens + 8)), positions)
         engine, quantized = RolloutEngine.from_actor(
             self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, platform=self.platform, seed=cfg.seed,
             max_model_len=max_len, dtype=cfg.engine_dtype, kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
@@ -169,7 +180,8 @@ class Trainer:
         return summary
 
     def evaluate(self) -> float:
-        return greedy_accuracy(self.actor, self.tokenizer, self.test_problems, self.cfg.max_new_tokens)[0]
+        return greedy_accuracy(self.actor, self.tokenizer, self.test_problems, self.cfg.max_new_tokens,
+                               prompts=self.prompts)[0]
 
     def step(self, step: int) -> dict:
         cfg, timer = self.cfg, Timer()
@@ -236,7 +248,7 @@ class Trainer:
         """One round: the next prompts of the data order, G responses each, and their rewards."""
         cfg = self.cfg
         problems = [self.train_problems[i] for i in self.sampler.take(num_prompts or cfg.prompts_per_step)]
-        groups = self.engine.generate([self.tokenizer.encode(p.prompt) for p in problems], n=cfg.group_size,
+        groups = self.engine.generate([self.prompts.ids(p) for p in problems], n=cfg.group_size,
                                       temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
                                       stop_token_ids=[self.tokenizer.eos_token_id])
         samples = Samples()

@@ -155,3 +155,14 @@ def test_nan_loss_skips_updates_counts_them_and_stops_after_max_bad_steps(tmp_pa
     rows = [json.loads(line) for line in open(tmp_path / "nan" / "metrics.jsonl")]
     assert [r["step"] for r in rows] == [1] and rows[0]["skipped_updates"] == 4  # all 4 minibatches skipped
     assert os.path.isfile(tmp_path / "nan" / "checkpoints" / "step-000001" / "COMPLETE")  # nothing lost
+
+
+def test_lengths_that_do_not_fit_the_model_get_one_line(tiny, data_file, tmp_path, capfd):
+    code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--max-new-tokens", "300"],
+                          capfd)
+    assert code == 2 and "do not fit the model's 256 positions" in one_line_error(err)
+    code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--max-prompt-tokens", "3"],
+                          capfd)
+    assert code == 2 and "every prompt is longer than --max-prompt-tokens 3" in one_line_error(err)
+    code, err = run_train(["--model", tiny, "--data", data_file, "--prompt-format", "chat"], capfd)
+    assert code == 2 and "the tokenizer has no chat template" in one_line_error(err)

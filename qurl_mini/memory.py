@@ -1,0 +1,90 @@
+"""A memory plan for one GPU, from the model's shape and the flags alone (nothing is loaded).
+
+An ESTIMATE, part by part, of what this trainer keeps: the fp32 actor with its gradients and AdamW
+state, PPO's critic (a copy of the backbone, trained the same way), the frozen reference (fp32, only
+when --kl-coef > 0), the rollout engine's share of the GPU (vLLM takes --gpu-memory-utilization of
+it for weights + KV cache; sleep level 1 hands it back during the update), one micro-batch's
+activations and its chunk of fp32 logits.
+"""
+import json
+import os
+from dataclasses import dataclass
+
+GIB = 2 ** 30
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    layers: int
+    hidden: int
+    intermediate: int
+    heads: int
+    kv_heads: int
+    vocab: int
+    tied: bool
+
+    @property
+    def head_dim(self):
+        return self.hidden // self.heads
+
+    @property
+    def embedding_params(self):
+        return self.vocab * self.hidden * (1 if self.tied else 2)
+
+    @property
+    def decoder_linear_params(self):
+        attn = self.hidden * self.head_dim * (2 * self.heads + 2 * self.kv_heads)
+        mlp = 3 * self.hidden * self.intermediate
+        return self.layers * (attn + mlp)
+
+    @property
+    def params(self):
+        return self.embedding_params + self.decoder_linear_params + self.layers * 2 * self.hidden + self.hidden
+
+
+# hub ids the presets name (a local folder is read from its config.json instead)
+KNOWN_SHAPES = {
+    "Qwen/Qwen2.5-0.5B-Instruct": ModelShape(24, 896, 4864, 14, 2, 151936, tied=True),
+    "Qwen/Qwen2.5-1.5B-Instruct": ModelShape(28, 1536, 8960, 12, 2, 151936, tied=True),
+    "Qwen/Qwen2.5-Math-7B": ModelShape(28, 3584, 18944, 28, 4, 152064, tied=False),
+}
+
+
+def model_shape(model: str | None) -> ModelShape | None:
+    if model is None:  # the embedded default
+        return ModelShape(4, 192, 512, 6, 2, 128, tied=True)
+    if model in KNOWN_SHAPES:
+        return KNOWN_SHAPES[model]
+    path = os.path.join(os.path.expanduser(model), "config.json")
+    if not os.path.isfile(path):
+        return None
+    with open(path) as f:
+        c = json.load(f)
+    return ModelShape(c["num_hidden_layers"], c["hidden_size"], c["intermediate_size"], c["num_attention_heads"],
+                      c.get("num_key_value_heads", c["num_attention_heads"]), c["vocab_size"],
+                      tied=c.get("tie_word_embeddings", False))
+
+
+def memory_plan(cfg, shape: ModelShape, gpu_gib: float = 80.0, logprob_chunk_tokens: int = 1024) -> dict:
+    """GiB per part; 'peak' = what is resident during the update plus the larger of the two phases."""
+    p = shape.params
+    trained = 4 + 4 + 8  # fp32 weights, fp32 gradients, AdamW's two fp32 moments (bytes per parameter)
+    tokens = cfg.micro_batch_size * ((cfg.max_prompt_tokens or 256) + cfg.max_new_tokens)
+    # per token and layer, with the activations kept for backward (fp32, no checkpointing): ~34 * hidden bytes
+    activations = tokens * shape.layers * 34 * shape.hidden
+    logits = 3 * logprob_chunk_tokens * shape.vocab * 4  # one chunk: logits, softmax, gradient
+    plan = {
+        "actor (fp32 weights + grads + AdamW)": p * trained / GIB,
+        "critic (PPO: backbone copy, trained)": (p - (shape.vocab * shape.hidden if not shape.tied else 0)) * trained / GIB
+        if cfg.algo == "ppo" else 0.0,
+        "reference (fp32, frozen; none when --kl-coef 0)": p * 4 / GIB if cfg.kl_coef > 0 else 0.0,
+        f"rollout engine ({cfg.quant}; weights + KV cache, --gpu-memory-utilization)": cfg.gpu_memory_utilization * gpu_gib,
+        "update: one micro-batch's activations (estimate)": activations / GIB,
+        "update: fp32 logits of one log-prob chunk": logits / GIB,
+    }
+    resident = sum(v for k, v in plan.items() if k.startswith(("actor", "critic", "reference")))
+    rollout = plan[next(k for k in plan if k.startswith("rollout engine"))]
+    update = sum(v for k, v in plan.items() if k.startswith("update"))
+    plan["peak (resident + max(rollout, update); sleep frees the engine)"] = resident + max(rollout, update)
+    plan[f"fits one {gpu_gib:.0f} GiB GPU"] = plan["peak (resident + max(rollout, update); sleep frees the engine)"] <= gpu_gib
+    return plan
