@@ -2,7 +2,7 @@
 Avg@1 / Avg@k / pass@k through the vLLM `RolloutEngine` (eval.py: fast enough for GSM8K's 1,319
 test problems x 512 tokens, or 32 samples per problem).
 
-Both paths encode a prompt the way the trainer's rollout does (`encode_prompt`), decode without
+Both paths encode a prompt the way the trainer's rollout does (its `PromptBuilder`), decode without
 special tokens and score with `data.reward` (exact '####' match), so on the same checkpoint they
 differ only by the engine's arithmetic: a float32 engine agrees with HF fp32 greedy decoding
 almost exactly, a bfloat16 one within bf16 noise (tests/test_eval.py).
@@ -19,16 +19,16 @@ from .data import Problem, reward
 from .prompts import PromptBuilder
 
 
-def encode_prompt(tokenizer, problem: Problem, prompts: PromptBuilder | None = None) -> list[int]:
-    """Prompt token ids as the trainer's rollout sends them (`prompts`: the run's PromptBuilder;
-    default: --prompt-format auto)."""
-    return (prompts or PromptBuilder("auto", tokenizer)).ids(problem)
+def prompt_builder(tokenizer, prompts: PromptBuilder | None = None) -> PromptBuilder:
+    """The run's PromptBuilder (prompt ids as the trainer's rollout sends them), default --prompt-format auto."""
+    return prompts or PromptBuilder("auto", tokenizer)
 
 
 @torch.no_grad()
 def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 100,
                     prompts: PromptBuilder | None = None):
     """(accuracy, [(question, response, correct)]): HF greedy decoding, exact '####' match."""
+    prompts = prompt_builder(tokenizer, prompts)
     was_training = model.training
     model.eval()
     side, tokenizer.padding_side = tokenizer.padding_side, "left"
@@ -36,7 +36,7 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: i
     try:
         for i in range(0, len(problems), batch_size):
             chunk = problems[i:i + batch_size]
-            enc = tokenizer.pad({"input_ids": [encode_prompt(tokenizer, p, prompts) for p in chunk]}, return_tensors="pt")
+            enc = tokenizer.pad({"input_ids": [prompts.ids(p) for p in chunk]}, return_tensors="pt")
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)
@@ -110,11 +110,12 @@ def engine_samples(engine, tokenizer, problems: list[Problem], max_new_tokens: i
 
     Problems go to the engine `batch_sequences // n` at a time (vLLM batches within each call);
     `advance(info)` is called after each call (a progress bar)."""
+    prompts = prompt_builder(tokenizer, prompts)
     result = EngineEval(problems)
     per_call = max(1, batch_sequences // n)
     for i in range(0, len(problems), per_call):
         chunk = problems[i:i + per_call]
-        groups = engine.generate([encode_prompt(tokenizer, p, prompts) for p in chunk], n=n, temperature=temperature,
+        groups = engine.generate([prompts.ids(p) for p in chunk], n=n, temperature=temperature,
                                  top_p=top_p, max_tokens=max_new_tokens, stop_token_ids=[tokenizer.eos_token_id])
         for problem, group in zip(chunk, groups):
             texts = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in group]
@@ -142,7 +143,8 @@ def engine_max_model_len(tokenizer, problems: list[Problem], max_new_tokens: int
                          prompts: PromptBuilder | None = None) -> int:
     """The engine's max_model_len: the longest prompt + max_new_tokens, rounded up to a power of
     two (at most the model's own context, `context`, when known)."""
-    longest = max(len(encode_prompt(tokenizer, p, prompts)) for p in problems)
+    prompts = prompt_builder(tokenizer, prompts)
+    longest = max(len(prompts.ids(p)) for p in problems)
     need = longest + max_new_tokens
     if context is not None and need > context:
         raise ContextError(f"--max-new-tokens {max_new_tokens}: the longest prompt ({longest} tokens) plus the "
