@@ -6,7 +6,7 @@ import sys
 from qurl_mini.config import parse_args
 from qurl_mini.progress import setup_logging
 
-ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError")
+ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError", "SyncError", "EngineError")
 
 
 def dry_run_report(cfg) -> str:

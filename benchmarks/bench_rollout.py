@@ -6,7 +6,9 @@ over model shapes from the embedded one up to Qwen2.5-0.5B's.
 
 Weights are random (speed does not depend on their values), built from a Qwen2 config: nothing is
 downloaded. Every engine decodes the same prompts with the same sampling settings and exactly the
-same output length (ignore_eos). Reported per shape: decode tokens/s per engine, INT8 / fastest
+same output length (ignore_eos). All engines of a shape are started first and then timed in turns
+(round r times one batch of each engine, the order rotating), so a slow spell of this shared machine hits
+every engine alike; the INT8 ratio is the median over rounds of that round's ratio. Reported per shape: decode tokens/s per engine, INT8 / fastest
 unquantized engine, the memory-bound limit of that ratio (weight bytes read per decode step,
 embeddings and lm_head included: they stay unquantized), and the time to quantize + sync the actor.
 FP8 is left out on CPUs: it is emulated there in an unquantized engine, so its speed says nothing.
@@ -43,19 +45,22 @@ def weight_bytes(model, quantized_names: set[str], unquantized_bytes: int) -> in
     return total
 
 
-def decode_rate(engine, prompts, n, tokens, repeats):
-    """Median decode tokens/s over `repeats` timed batches (after one warm-up batch)."""
+def decode_rates(engines: dict, prompts, n, tokens, rounds) -> dict:
+    """{engine name: decode tokens/s of each round}; every engine decodes one batch per round (after one
+    warm-up batch each), in an order that rotates from round to round."""
     from vllm import SamplingParams
 
     params = SamplingParams(n=n, temperature=1.0, max_tokens=tokens, ignore_eos=True, logprobs=0, detokenize=False)
     requests = [{"prompt_token_ids": p} for p in prompts]
-    engine.llm.generate(requests, params, use_tqdm=False)
-    rates = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        outs = engine.llm.generate(requests, params, use_tqdm=False)
-        rates.append(sum(len(s.token_ids) for o in outs for s in o.outputs) / (time.perf_counter() - t0))
-    return statistics.median(rates)
+    for engine in engines.values():
+        engine.llm.generate(requests, params, use_tqdm=False)
+    names, rates = list(engines), {name: [] for name in engines}
+    for r in range(rounds):
+        for name in names[r % len(names):] + names[:r % len(names)]:
+            t0 = time.perf_counter()
+            outs = engines[name].llm.generate(requests, params, use_tqdm=False)
+            rates[name].append(sum(len(s.token_ids) for o in outs for s in o.outputs) / (time.perf_counter() - t0))
+    return rates
 
 
 def bench_shape(name, shape, args, platform, tmp):
@@ -73,12 +78,12 @@ def bench_shape(name, shape, args, platform, tmp):
     quantized_names = {f"{n}.weight" for n in quant.quant_target_names(actor)}
     row = {"shape": name, **shape, "params": sum(p.numel() for p in actor.parameters()),
            "quantized_params": sum(actor.get_parameter(n).numel() for n in quantized_names), "engines": {}}
-    for engine_name in args.engines:
-        fmt, dtype = ENGINES[engine_name]
-        engine, _ = RolloutEngine.from_actor(actor, tok, os.path.join(tmp, f"{name}-{engine_name}"), quant_fmt=fmt,
-                                             platform=platform, dtype=dtype, seed=0, max_model_len=max_len,
-                                             kv_cache_gib=args.kv_cache_gib)
-        rate = decode_rate(engine, prompts, args.n, args.tokens, args.repeats)
+    engines = {e: RolloutEngine.from_actor(actor, tok, os.path.join(tmp, f"{name}-{e}"), quant_fmt=ENGINES[e][0],
+                                           platform=platform, dtype=ENGINES[e][1], seed=0, max_model_len=max_len,
+                                           kv_cache_gib=args.kv_cache_gib)[0] for e in args.engines}
+    rates = decode_rates(engines, prompts, args.n, args.tokens, args.repeats)
+    for engine_name, engine in engines.items():
+        fmt, rate = ENGINES[engine_name][0], statistics.median(rates[engine_name])
         syncs = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
@@ -86,18 +91,21 @@ def bench_shape(name, shape, args, platform, tmp):
             syncs.append(time.perf_counter() - t0)
         bytes_per = 2 if engine.dtype == "bfloat16" else 4
         row["engines"][engine_name] = {
-            "dtype": engine.dtype, "decode_tokens_per_s": rate, "sync_s": statistics.median(syncs),
+            "dtype": engine.dtype, "decode_tokens_per_s": rate, "per_round": rates[engine_name],
+            "sync_s": statistics.median(syncs),
             "weight_bytes": weight_bytes(actor, quantized_names if fmt == "int8" else set(), bytes_per)}
         print(f"  {name:13s} {engine_name:5s} ({engine.dtype:8s}) {rate:9.0f} tok/s   sync {1000 * row['engines'][engine_name]['sync_s']:7.1f} ms",
               flush=True)
-        del engine
-        gc.collect()
+    del engine, engines
+    gc.collect()
     unquantized = {k: v for k, v in row["engines"].items() if ENGINES[k][0] == "none"}
     if "int8" in row["engines"] and unquantized:
         best = max(unquantized, key=lambda k: unquantized[k]["decode_tokens_per_s"])
         int8 = row["engines"]["int8"]
         row["best_unquantized"] = best
-        row["int8_speedup"] = int8["decode_tokens_per_s"] / unquantized[best]["decode_tokens_per_s"]
+        per_round = [i / b for i, b in zip(int8["per_round"], unquantized[best]["per_round"])]
+        row["int8_speedup"] = statistics.median(per_round)  # paired: both timed in the same round
+        row["int8_speedup_per_round"] = per_round
         row["memory_bound_limit"] = unquantized[best]["weight_bytes"] / int8["weight_bytes"]
     del actor
     gc.collect()
@@ -137,7 +145,7 @@ def main() -> None:
     p.add_argument("--prompts", type=int, default=32, help="prompts per batch")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--tokens", type=int, default=64, help="decoded tokens per sample (exactly)")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--repeats", type=int, default=5, help="timed rounds (each engine decodes one batch per round)")
     p.add_argument("--kv-cache-gib", type=int, default=2)
     p.add_argument("--out", default="docs/results/bench_rollout", help="writes OUT.json and OUT.png ('' = none)")
     args = p.parse_args()
@@ -149,7 +157,7 @@ def main() -> None:
     setup_logging()
     cpu, platform = describe_cpu(), Platform.detect()
     print(f"CPU: {cpu}\n{args.prompts} prompts x {args.n} samples x {args.tokens} tokens per batch, "
-          f"median of {args.repeats}", flush=True)
+          f"{args.repeats} rounds, engines in turns", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
         rows = [bench_shape(name, SHAPES[name], args, platform, tmp) for name in args.shapes]
 

@@ -1,8 +1,12 @@
 """The full-precision HF actor (and PPO's critic): loading and per-token log-probs of a SequenceBatch."""
+import contextlib
 import os
 
 import torch
+import torch.nn.functional as F
 import torch.utils.checkpoint
+
+from .batch import micro_batch_slices
 
 
 class ModelError(ValueError):
@@ -81,12 +85,50 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0,
     return torch.cat(pieces).view(targets.shape) if pieces else hidden.new_zeros(targets.shape, dtype=torch.float32)
 
 
+def device_of(model) -> torch.device:
+    return next(model.parameters()).device
+
+
+def autocast_context(device_type: str):
+    """The one place that picks the forward passes' precision: bf16 autocast on CUDA (weights,
+    gradients and AdamW state stay fp32; token_logprobs reduces in fp32), nothing elsewhere (CPUs
+    without bf16 arithmetic only emulate it). UNTESTED HERE: this project has had no GPU."""
+    if device_type == "cuda":
+        return torch.autocast("cuda", dtype=torch.bfloat16)
+    return contextlib.nullcontext()
+
+
+def frozen_reference_dtype(device_type: str) -> torch.dtype:
+    """The frozen reference: bf16 on CUDA (half the memory, no gradients to keep), fp32 elsewhere."""
+    return torch.bfloat16 if device_type == "cuda" else torch.float32
+
+
+def enable_gradient_checkpointing(*models) -> None:
+    """HF gradient checkpointing (non-reentrant), once per model; recomputes each decoder layer in the
+    backward pass instead of keeping its activations. Active in train() mode only."""
+    for model in models:
+        if model is not None and not model.is_gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+
+
+def _per_micro_batch(fn, batch, micro_batch_size: int, max_tokens: int | None, device) -> torch.Tensor:
+    """fn(input_ids, attention_mask) -> [n, w-1] on each (trimmed) micro-batch, on `device`,
+    zero-padded back to the batch's [N, L-1] on the batch's device."""
+    pieces = []
+    for rows in micro_batch_slices(batch.attention_mask, micro_batch_size, max_tokens):
+        micro = batch[rows].trimmed()
+        with autocast_context(device.type):
+            out = fn(micro.input_ids.to(device), micro.attention_mask.to(device)).float()
+        pieces.append(F.pad(out, (0, batch.input_ids.shape[1] - micro.input_ids.shape[1])).to(batch.input_ids.device))
+    return torch.cat(pieces)
+
+
 @torch.no_grad()
-def batched_logprobs(model, batch, micro_batch_size: int, temperature: float):
-    chunks = [token_logprobs(model, batch.input_ids[i:i + micro_batch_size],
-                             batch.attention_mask[i:i + micro_batch_size], temperature)
-              for i in range(0, len(batch), micro_batch_size)]
-    return torch.cat(chunks)
+def batched_logprobs(model, batch, micro_batch_size: int, temperature: float, max_tokens: int | None = None):
+    """token_logprobs over micro-batches of --micro-batch-size rows or --max-tokens-per-micro-batch
+    tokens; the padding columns each micro-batch drops come back as 0 (no response token is there)."""
+    return _per_micro_batch(lambda ids, attention: token_logprobs(model, ids, attention, temperature),
+                            batch, micro_batch_size, max_tokens, device_of(model))
 
 
 class Critic(torch.nn.Module):
@@ -104,10 +146,10 @@ class Critic(torch.nn.Module):
     def forward(self, input_ids, attention_mask):
         """V(prefix up to t) for each t, [N, L-1] (aligned with the targets)."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self.value_head(hidden[:, :-1].float()).squeeze(-1)
+        with torch.autocast(hidden.device.type, enabled=False):  # the value head in fp32, also under autocast
+            return self.value_head(hidden[:, :-1].float()).squeeze(-1)
 
 
 @torch.no_grad()
-def batched_values(critic, batch, micro_batch_size: int):
-    return torch.cat([critic(batch.input_ids[i:i + micro_batch_size], batch.attention_mask[i:i + micro_batch_size])
-                      for i in range(0, len(batch), micro_batch_size)])
+def batched_values(critic, batch, micro_batch_size: int, max_tokens: int | None = None):
+    return _per_micro_batch(critic, batch, micro_batch_size, max_tokens, device_of(critic))

@@ -15,6 +15,39 @@ class SequenceBatch:
     def __len__(self):
         return self.input_ids.shape[0]
 
+    def __getitem__(self, rows) -> "SequenceBatch":
+        return SequenceBatch(self.input_ids[rows], self.attention_mask[rows], self.response_mask[rows])
+
+    @property
+    def width(self) -> int:
+        """Columns up to the last attended one of any row (at least 2, so there is one target):
+        the columns beyond are attended by no row, so dropping them changes no output."""
+        attended = self.attention_mask.any(0).nonzero()
+        last = attended[-1].item() + 1 if len(attended) else 0
+        return min(self.input_ids.shape[1], max(last, 2))
+
+    def trimmed(self) -> "SequenceBatch":
+        w = self.width
+        return SequenceBatch(self.input_ids[:, :w], self.attention_mask[:, :w], self.response_mask[:, :w - 1])
+
+
+def micro_batch_slices(attention_mask: torch.Tensor, max_rows: int, max_tokens: int | None = None) -> list[slice]:
+    """Consecutive rows per micro-batch: `max_rows` of them, or (with `max_tokens`) greedily as many as
+    keep rows x longest row <= max_tokens, the rows padded to their own longest; a single row longer
+    than max_tokens is a micro-batch of its own."""
+    n = attention_mask.shape[0]
+    if max_tokens is None:
+        return [slice(i, min(i + max_rows, n)) for i in range(0, n, max_rows)]
+    columns = torch.arange(1, attention_mask.shape[1] + 1)
+    lengths = (attention_mask.bool() * columns).amax(-1).clamp(min=2).tolist()  # last attended column + 1
+    slices, start, longest = [], 0, 0
+    for i, length in enumerate(lengths):
+        if i > start and (i - start + 1) * max(longest, length) > max_tokens:
+            slices.append(slice(start, i))
+            start, longest = i, 0
+        longest = max(longest, length)
+    return slices + [slice(start, n)] if n else []
+
 
 def pack_sequences(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> SequenceBatch:
     rows = [p + r for p, r in zip(prompts, responses)]
@@ -59,13 +92,32 @@ class Experience:
     def __len__(self):
         return len(self.sequences)
 
+    def _map(self, fn) -> "Experience":
+        """fn applied to every per-token tensor (all but `sequences`; None stays None)."""
+        return replace(self, **{f.name: None if getattr(self, f.name) is None else fn(getattr(self, f.name))
+                                for f in fields(self) if f.name != "sequences"})
+
     def __getitem__(self, rows) -> "Experience":
+        return replace(self._map(lambda t: t[rows]), sequences=self.sequences[rows])
+
+    def to(self, device) -> "Experience":
         seq = self.sequences
-        picked = {f.name: (None if getattr(self, f.name) is None else getattr(self, f.name)[rows])
-                  for f in fields(self) if f.name != "sequences"}
-        return replace(self, sequences=SequenceBatch(seq.input_ids[rows], seq.attention_mask[rows],
-                                                     seq.response_mask[rows]), **picked)
+        return replace(self._map(lambda t: t.to(device)), sequences=SequenceBatch(
+            seq.input_ids.to(device), seq.attention_mask.to(device), seq.response_mask.to(device)))
+
+    def trimmed(self) -> "Experience":
+        """Without the padding columns beyond the longest row (per-token tensors cut to match)."""
+        w = self.sequences.width
+        return replace(self._map(lambda t: t[:, :w - 1]), sequences=self.sequences.trimmed())
 
     def split(self, size: int) -> list["Experience"]:
         """Consecutive chunks of `size` rows (micro-batches)."""
         return [self[i:i + size] for i in range(0, len(self), size)]
+
+    def split_by_tokens(self, max_tokens: int) -> list["Experience"]:
+        """Consecutive micro-batches of at most `max_tokens` padded tokens each (see micro_batch_slices)."""
+        return self.micro_batches(len(self), max_tokens)
+
+    def micro_batches(self, max_rows: int, max_tokens: int | None = None) -> list["Experience"]:
+        """--micro-batch-size rows, or --max-tokens-per-micro-batch tokens when set; each trimmed."""
+        return [self[s].trimmed() for s in micro_batch_slices(self.sequences.attention_mask, max_rows, max_tokens)]

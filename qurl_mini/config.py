@@ -49,6 +49,11 @@ class Config:
     minibatches: int = _f(4, "optimizer steps per rollout batch (the batch is split this many ways)")
     ppo_epochs: int = _f(1, "passes over each rollout batch")
     micro_batch_size: int = _f(64, "sequences per forward/backward (gradient accumulation)")
+    max_tokens_per_micro_batch: Optional[int] = _f(
+        None, "size micro-batches by tokens instead (rows x their longest row, greedily in order; a longer "
+              "sequence goes alone), for the log-prob passes and gradient accumulation; overrides --micro-batch-size")
+    gradient_checkpointing: bool = _f(False, "recompute each decoder layer in the backward pass instead of keeping "
+                                             "its activations (actor and critic; slower, far less memory)")
     clip_low: Optional[float] = _f(None, "PPO clip epsilon below 1 (default 0.2)")
     clip_high: Optional[float] = _f(None, "PPO clip epsilon above 1 (default 0.2; 0.28 for DAPO)")
     tis_cap: float = _f(2.0, "truncation C of the importance weight pi_prox/pi_behav (Eq. 5, 9)")
@@ -74,6 +79,8 @@ class Config:
                                nargs="?", const="latest")
     max_bad_steps: int = _f(3, "stop after this many NaN/inf updates in a row")
     mismatch_warn_kl: float = _f(0.05, "warn once when KL(behav||prox) exceeds this")
+    sync_check_every: int = _f(10, "sync probe: after step 1 and every N steps, check that the engine's log-probs of "
+                                   "a fixed sequence match the updated actor's, else stop (0 = off)")
     # the embedded warm start
     sft_steps: int = _f(400, "SFT steps of the embedded model's warm start")
     sft_lr: float = _f(3e-3, "SFT learning rate of the embedded warm start")
@@ -119,6 +126,9 @@ class Config:
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         need(self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
              f"--max-prompt-tokens must be >= 1, got {self.max_prompt_tokens}")
+        need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 1,
+             f"--max-tokens-per-micro-batch must be >= 1, got {self.max_tokens_per_micro_batch}")
+        need(self.sync_check_every >= 0, f"--sync-check-every must be >= 0, got {self.sync_check_every}")
         need(self.eval_every >= 0, f"--eval-every must be >= 0, got {self.eval_every}")
         need(self.overlong_buffer >= 0, f"--overlong-buffer must be >= 0, got {self.overlong_buffer}")
         need(self.group_size >= 2 or not ALGORITHMS[self.algo].group_baseline,

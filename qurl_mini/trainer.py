@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import torch
 
 from . import checkpoint, quant
-from .actor import Critic, batched_logprobs, batched_values, load_actor, token_logprobs
+from .actor import (Critic, autocast_context, batched_logprobs, batched_values, device_of, enable_gradient_checkpointing,
+                    frozen_reference_dtype, load_actor, token_logprobs)
 from .advantages import ADVANTAGE_ESTIMATORS, informative_groups, overlong_penalty
 from .algorithms import ALGORITHMS
 from .batch import Experience, align_per_token, pack_sequences
@@ -34,6 +35,7 @@ from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, value_loss
 from .metrics import MetricsLog, plot_metrics
 from .progress import progress_bar
 from .prompts import PromptBuilder
+from .sync_probe import SyncProbe
 from .uaq import apply_uaq
 
 log = logging.getLogger("qurl_mini")
@@ -98,7 +100,8 @@ class Trainer:
         if not resume_from:
             apply_uaq(self.actor, cfg.uaq_scale)  # one time, before training (Eq. 11)
         self.actor.train()
-        self.reference = load_actor(self.base_model)[0].eval() if cfg.kl_coef > 0 else None
+        self.reference = (load_actor(self.base_model, dtype=frozen_reference_dtype(device_of(self.actor).type))[0]
+                          .to(device_of(self.actor)).eval() if cfg.kl_coef > 0 else None)
         self.critic = Critic(self.actor) if self.algorithm.critic else None
 
         self.optimizers = {"actor": torch.optim.AdamW(self.actor.parameters(), lr=cfg.lr, weight_decay=0.0)}
@@ -121,6 +124,7 @@ class Trainer:
                                   resume_after_step=self.start_step if resume_from else None)
         self.monitor = quant.WeightUpdateMonitor()
         self.engine = self._start_engine()
+        self.probe = self._start_probe()
 
     # -- set-up -----------------------------------------------------------------------------------
 
@@ -149,6 +153,24 @@ class Trainer:
         if quantized:
             self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
         return engine
+
+    def _start_probe(self) -> SyncProbe:
+        """The sync probe on a training prompt + its reference answer, calibrated on the fresh engine."""
+        first = self.train_problems[0]
+        answer = self.tokenizer.encode(first.answer, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        probe = SyncProbe((self.prompts.ids(first) + answer)[:self.engine.max_model_len - 1],
+                          every=self.cfg.sync_check_every)
+        if probe.every:
+            probe.calibrate(torch.tensor(self.engine.prompt_logprobs([probe.sequence])[0]),
+                            self._actor_probe_logprobs(probe))
+        return probe
+
+    @torch.no_grad()
+    def _actor_probe_logprobs(self, probe=None) -> torch.Tensor:
+        """The actor's log-probs of the probe sequence, computing like the engine (its grid)."""
+        ids = torch.tensor([(probe or self.probe).sequence])
+        with self.engine.computing_like(self.actor):
+            return token_logprobs(self.actor, ids, torch.ones_like(ids))[0]
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -200,10 +222,14 @@ class Trainer:
 
         # 3. the full-precision actor's log-probs of the sampled tokens: pi_prox (and pi_ref, V_old)
         with timer("logprob"):
-            prox_logp = batched_logprobs(self.actor, sequences, cfg.micro_batch_size, cfg.temperature)
-            ref_logp = (batched_logprobs(self.reference, sequences, cfg.micro_batch_size, cfg.temperature)
+            micro = dict(micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_micro_batch)
+            prox_logp = batched_logprobs(self.actor, sequences, temperature=cfg.temperature, **micro)
+            ref_logp = (batched_logprobs(self.reference, sequences, temperature=cfg.temperature, **micro)
                         if self.reference is not None else None)
-            old_values = batched_values(self.critic, sequences, cfg.micro_batch_size) if self.critic else None
+            old_values = batched_values(self.critic, sequences, **micro) if self.critic else None
+
+        probing = self.probe.due(step)  # the sync probe needs the actor before the update too
+        actor_before = self._actor_probe_logprobs() if probing else None
 
         # 4. advantages
         rewards = torch.cat(samples.rewards)
@@ -217,12 +243,14 @@ class Trainer:
 
         # 6. quantize + sync into the live engine
         with timer("sync"):
-            self.engine.wake()
             t0 = time.perf_counter()
             pairs, quantized = self.engine.checkpoint_tensors(self.actor)
             time_quantize = time.perf_counter() - t0
             self.engine.load_weights(pairs)
         weight_stats = self.monitor.measure(self.actor, quantized) if quantized else {}
+        if probing:  # did the engine take the new weights? (raises SyncError with one line if not)
+            engine_logp = torch.tensor(self.engine.prompt_logprobs([self.probe.sequence])[0])
+            weight_stats.update(self.probe.check(step, engine_logp, self._actor_probe_logprobs(), actor_before))
 
         mismatch = self._check_mismatch(behav_logp, prox_logp, mask)
         return {
@@ -305,21 +333,25 @@ class Trainer:
         return out
 
     def _minibatch_step(self, minibatch: Experience) -> dict | None:
-        """One optimizer step, gradients accumulated over micro-batches weighted by their share."""
+        """One optimizer step, gradients accumulated over micro-batches (--micro-batch-size rows or
+        --max-tokens-per-micro-batch tokens), each term weighted by the micro-batch's share of what
+        it averages over, so the sum is the whole minibatch's loss (tests/test_micro_batches.py)."""
         cfg = self.cfg
-        units = aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1)
+        if cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(self.actor, self.critic.backbone if self.critic is not None else None)
+        totals = {"policy": aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1),
+                  "tokens": minibatch.mask.sum().clamp(min=1)}  # KL and value loss are token means
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
         sums = {}
-        for micro in minibatch.split(cfg.micro_batch_size):
-            loss, stats = self._micro_loss(micro)
+        for micro in minibatch.micro_batches(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
+            loss, stats = self._micro_loss(micro.to(device_of(self.actor)), totals)
             if not torch.isfinite(loss):
                 log.warning("non-finite loss (%s); skipping this update", loss.item())
                 return None
-            share = aggregation_units(micro.mask, cfg.loss_agg) / units
-            (loss * share).backward()
+            loss.backward()
             for k, v in stats.items():
-                sums[k] = sums.get(k, 0.0) + v * share.item()
+                sums[k] = sums.get(k, 0.0) + v
         grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
         if self.critic is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
@@ -332,23 +364,33 @@ class Trainer:
         sums["grad_norm"] = grad_norm.item()
         return sums
 
-    def _micro_loss(self, micro: Experience):
-        """Policy objective (+ k3 KL to the reference, + PPO's value loss) of one micro-batch."""
+    def _micro_loss(self, micro: Experience, totals: dict):
+        """One micro-batch's part of the minibatch loss: the policy objective (+ k3 KL to the
+        reference, + PPO's value loss), each weighted by the micro-batch's share of its units in
+        `totals` (policy: aggregation_units of --loss-agg; KL and value loss: response tokens).
+        The stats are weighted the same way, so summing them over micro-batches gives the minibatch's."""
         cfg, seq, m = self.cfg, micro.sequences, micro.mask
-        logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
-        loss, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
-                                  objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                  tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
-        stats["policy_loss"] = loss.item()
+        policy_share = aggregation_units(m, cfg.loss_agg) / totals["policy"]
+        token_share = m.sum() / totals["tokens"]
+        with autocast_context(seq.input_ids.device.type):
+            logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
+            values = self.critic(seq.input_ids, seq.attention_mask) if self.critic is not None else None
+        policy, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
+                                    objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                    tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
+        stats = {k: v * policy_share.item() for k, v in stats.items()}
+        stats["policy_loss"] = policy.item() * policy_share.item()
+        loss = policy * policy_share
         if self.reference is not None:
-            kl = masked_mean(kl_k3(logp, micro.ref_logp), m)
-            loss = loss + cfg.kl_coef * kl
-            stats["kl_ref"] = kl.item()
-        if self.critic is not None:
-            values = self.critic(seq.input_ids, seq.attention_mask)
+            # padding: pi_ref := pi_theta, so the k3 term is exactly 0 there (ref_logp may be 0 there,
+            # and exp(0 - logp) can overflow to inf, which the mask's 0 would turn into NaN)
+            kl = masked_mean(kl_k3(logp, torch.where(m > 0, micro.ref_logp, logp.detach())), m)
+            loss = loss + cfg.kl_coef * kl * token_share
+            stats["kl_ref"] = kl.item() * token_share.item()
+        if values is not None:
             v_loss = value_loss(values, micro.old_values, micro.returns, m, cfg.value_clip)
-            loss = loss + v_loss
-            stats["value_loss"] = v_loss.item()
+            loss = loss + v_loss * token_share
+            stats["value_loss"] = v_loss.item() * token_share.item()
         return loss, stats
 
     def save(self, step: int) -> str:

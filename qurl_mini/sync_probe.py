@@ -1,0 +1,60 @@
+"""A run-time check that the rollout engine really holds the actor's weights after a sync.
+
+After the first sync and every N steps, one fixed sequence is scored twice: by the engine
+(`prompt_logprobs`) and by the full-precision actor computing like the engine (weights, and for
+W8A8 activations, rounded to the engine's grid). Their mean |log-prob gap| per token is compared
+with the gap measured at start, when the engine was loaded from a checkpoint file and so is right
+by construction. A sync that did not land shows up one of two ways:
+  - the gap is far beyond that quantization noise (or NaN): the engine computes something else;
+  - the engine agrees clearly better with the actor *before* the update than after it: stale weights.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+
+
+class SyncError(RuntimeError):
+    """The engine did not take the new weights; the message is one line."""
+
+
+def mean_abs_gap(engine_logp: torch.Tensor, actor_logp: torch.Tensor) -> float:
+    return (engine_logp.float() - actor_logp.float()).abs().mean().item()
+
+
+@dataclass
+class SyncProbe:
+    sequence: list[int]  # prompt + reference answer of one training problem, fixed for the run
+    every: int  # probe after step 1 and every `every` steps (0: never)
+    noise_factor: float = 5.0  # a gap this many times the start gap is "far beyond quantization noise"
+    noise_floor: float = 1e-3  # ... and at least this (nats per token): the start gap can be ~0 (fp32 engine)
+    start_gap: float | None = None
+
+    def due(self, step: int) -> bool:
+        return self.every > 0 and (step == 1 or step % self.every == 0)
+
+    def calibrate(self, engine_logp, actor_logp) -> float:
+        """The gap of the engine loaded from a checkpoint: quantization noise only."""
+        self.start_gap = mean_abs_gap(engine_logp, actor_logp)
+        if not math.isfinite(self.start_gap):
+            raise SyncError("the rollout engine's log-probs are not finite right after loading the checkpoint")
+        return self.start_gap
+
+    @property
+    def limit(self) -> float:
+        return max(self.noise_factor * self.start_gap, self.noise_floor)
+
+    def check(self, step: int, engine_logp, actor_after, actor_before) -> dict:
+        """Raise SyncError unless the engine matches the updated actor; else the gaps, for the metrics."""
+        gap, gap_before = mean_abs_gap(engine_logp, actor_after), mean_abs_gap(engine_logp, actor_before)
+        where = (f"step {step}: the rollout engine did not take the new weights (sync probe: mean |log-prob gap| "
+                 f"{gap:.2e} to the updated actor")
+        if not math.isfinite(gap):
+            raise SyncError(f"{where}; the engine's log-probs are not finite)")
+        if gap > self.limit:
+            raise SyncError(f"{where}, over {self.limit:.2e} = {self.noise_factor:g} x the {self.start_gap:.2e} "
+                            f"measured at start)")
+        if gap_before < 0.5 * gap and gap > 2 * self.start_gap:
+            raise SyncError(f"{where} but {gap_before:.2e} to the actor before the update: it still holds the old "
+                            f"weights)")
+        return {"sync_probe_gap": gap, "sync_probe_gap_before": gap_before}
