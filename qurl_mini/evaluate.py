@@ -36,7 +36,7 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: i
     try:
         for i in range(0, len(problems), batch_size):
             chunk = problems[i:i + batch_size]
-            enc = tokenizer.pad({"input_ids": [prompts.ids(p) for p in chunk]}, return_tensors="pt")
+            enc = tokenizer.pad({"input_ids": [prompts.ids(p) for p in chunk]}, return_tensors="pt").to(model.device)
             out = model.generate(**enc, max_new_tokens=max_new_tokens, do_sample=False,
                                  eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
             texts = tokenizer.batch_decode(out[:, enc["input_ids"].shape[1]:], skip_special_tokens=True)

@@ -99,10 +99,12 @@ class Trainer:
                  self.prompts.format, self.prompts.text(self.train_problems[0]))
         if not resume_from:
             apply_uaq(self.actor, cfg.uaq_scale)  # one time, before training (Eq. 11)
+        device = torch.device("cuda" if self.platform.cuda else "cpu")  # the models train where the engine runs
         self.actor.train()
-        self.reference = (load_actor(self.base_model, dtype=frozen_reference_dtype(device_of(self.actor).type))[0]
-                          .to(device_of(self.actor)).eval() if cfg.kl_coef > 0 else None)
+        self.reference = (load_actor(self.base_model, dtype=frozen_reference_dtype(device.type))[0].eval()
+                          if cfg.kl_coef > 0 else None)
         self.critic = Critic(self.actor) if self.algorithm.critic else None
+        self._place_models(device)
 
         self.optimizers = {"actor": torch.optim.AdamW(self.actor.parameters(), lr=cfg.lr, weight_decay=0.0)}
         if self.critic is not None:
@@ -127,6 +129,14 @@ class Trainer:
         self.probe = self._start_probe()
 
     # -- set-up -----------------------------------------------------------------------------------
+
+    def _place_models(self, device: torch.device) -> None:
+        """Actor, reference and critic onto the training device; gradient checkpointing if asked."""
+        for model in (self.actor, self.reference, self.critic):
+            if model is not None:
+                model.to(device)
+        if self.cfg.gradient_checkpointing:
+            enable_gradient_checkpointing(self.actor, self.critic.backbone if self.critic is not None else None)
 
     def _find_resume(self) -> str | None:
         if self.cfg.resume is None:
@@ -162,15 +172,15 @@ class Trainer:
                           every=self.cfg.sync_check_every)
         if probe.every:
             probe.calibrate(torch.tensor(self.engine.prompt_logprobs([probe.sequence])[0]),
-                            self._actor_probe_logprobs(probe))
+                            self._actor_probe_logprobs(probe.sequence))
         return probe
 
     @torch.no_grad()
-    def _actor_probe_logprobs(self, probe=None) -> torch.Tensor:
-        """The actor's log-probs of the probe sequence, computing like the engine (its grid)."""
-        ids = torch.tensor([(probe or self.probe).sequence])
+    def _actor_probe_logprobs(self, sequence: list[int]) -> torch.Tensor:
+        """The actor's log-probs of the probe sequence, computing like the engine (its grid), on the CPU."""
+        ids = torch.tensor([sequence], device=device_of(self.actor))
         with self.engine.computing_like(self.actor):
-            return token_logprobs(self.actor, ids, torch.ones_like(ids))[0]
+            return token_logprobs(self.actor, ids, torch.ones_like(ids))[0].cpu()
 
     # -- the loop ---------------------------------------------------------------------------------
 
@@ -229,7 +239,7 @@ class Trainer:
             old_values = batched_values(self.critic, sequences, **micro) if self.critic else None
 
         probing = self.probe.due(step)  # the sync probe needs the actor before the update too
-        actor_before = self._actor_probe_logprobs() if probing else None
+        actor_before = self._actor_probe_logprobs(self.probe.sequence) if probing else None
 
         # 4. advantages
         rewards = torch.cat(samples.rewards)
@@ -250,7 +260,8 @@ class Trainer:
         weight_stats = self.monitor.measure(self.actor, quantized) if quantized else {}
         if probing:  # did the engine take the new weights? (raises SyncError with one line if not)
             engine_logp = torch.tensor(self.engine.prompt_logprobs([self.probe.sequence])[0])
-            weight_stats.update(self.probe.check(step, engine_logp, self._actor_probe_logprobs(), actor_before))
+            weight_stats.update(self.probe.check(step, engine_logp, self._actor_probe_logprobs(self.probe.sequence),
+                                                 actor_before))
 
         mismatch = self._check_mismatch(behav_logp, prox_logp, mask)
         return {
@@ -337,8 +348,6 @@ class Trainer:
         --max-tokens-per-micro-batch tokens), each term weighted by the micro-batch's share of what
         it averages over, so the sum is the whole minibatch's loss (tests/test_micro_batches.py)."""
         cfg = self.cfg
-        if cfg.gradient_checkpointing:
-            enable_gradient_checkpointing(self.actor, self.critic.backbone if self.critic is not None else None)
         totals = {"policy": aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1),
                   "tokens": minibatch.mask.sum().clamp(min=1)}  # KL and value loss are token means
         for opt in self.optimizers.values():

@@ -54,6 +54,7 @@ def _bare_trainer(models, **flags):
     trainer.reference = load_actor(models[1])[0].eval()
     trainer.critic = Critic(trainer.actor)
     torch.nn.init.normal_(trainer.critic.value_head.weight, std=0.5)  # zero-initialised: no backbone gradient
+    trainer._place_models(torch.device("cpu"))
     trainer.optimizers = {"actor": torch.optim.SGD(trainer.actor.parameters(), lr=0.0),
                           "critic": torch.optim.SGD(trainer.critic.parameters(), lr=0.0)}
     trainer.schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0) for k, o in trainer.optimizers.items()}
