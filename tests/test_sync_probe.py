@@ -64,15 +64,32 @@ def tiny_run(tmp_path_factory):
             "--steps", "2", "--prompts-per-step", "8", "--group-size", "4", "--eval-size", "8", "--save-every", "100"]
 
 
-def run_main(argv, capsys):
-    import train
+# each run is its own process: a second in-process vLLM engine can lose its parallel state when the
+# first one is garbage-collected ("pipeline model parallel group is not initialized")
+SKIP_THE_WEIGHT_WRITE = "RolloutEngine.load_weights = lambda self, pairs: self.llm.reset_prefix_cache()"
+VLLMS_PLAIN_RELOAD = """
+def plain_reload(self, pairs):  # the hole vllm_cpu_sync fixes (oneDNN's handle reads freed scales)
+    self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
+    self.llm.reset_prefix_cache()
+RolloutEngine.load_weights = plain_reload
+"""
 
-    code = train.main(argv)
-    return code, capsys.readouterr().err.strip().splitlines()
+
+def run_main(argv, sync_patch: str = ""):
+    """train.py's main(argv) in a fresh process, with the weight sync replaced by `sync_patch`."""
+    import os
+    import subprocess
+    import sys
+
+    repo = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    code = (f"import sys\nimport train\nfrom qurl_mini.engine import RolloutEngine\n{sync_patch}\n"
+            f"sys.exit(train.main({argv!r}))")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=repo, capture_output=True, text=True, timeout=600)
+    return proc.returncode, proc.stderr.strip().splitlines()
 
 
-def test_a_working_sync_passes_the_probe_and_logs_it(tiny_run, capsys):
-    code, _ = run_main(tiny_run + ["--run-name", "ok", "--sync-check-every", "2"], capsys)
+def test_a_working_sync_passes_the_probe_and_logs_it(tiny_run):
+    code, _ = run_main(tiny_run + ["--run-name", "ok", "--sync-check-every", "2"])
     assert code == 0
     out_dir = tiny_run[tiny_run.index("--out-dir") + 1]
     with open(f"{out_dir}/ok/metrics.jsonl") as f:
@@ -80,26 +97,16 @@ def test_a_working_sync_passes_the_probe_and_logs_it(tiny_run, capsys):
     assert all(0 < r["sync_probe_gap"] < r["sync_probe_gap_before"] for r in rows)  # probed on steps 1 and 2
 
 
-def test_skipping_the_weight_write_stops_the_run_on_step_1(tiny_run, capsys, monkeypatch):
-    from qurl_mini.engine import RolloutEngine
-
-    monkeypatch.setattr(RolloutEngine, "load_weights", lambda self, pairs: self.llm.reset_prefix_cache())
-    code, err = run_main(tiny_run + ["--run-name", "skipped"], capsys)
+def test_skipping_the_weight_write_stops_the_run_on_step_1(tiny_run):
+    code, err = run_main(tiny_run + ["--run-name", "skipped"], SKIP_THE_WEIGHT_WRITE)
     assert code == 2
     assert err[-1].startswith("error: step 1: the rollout engine did not take the new weights"), err[-3:]
     assert "old weights" in err[-1]
 
 
-def test_vllms_plain_reload_into_the_cpu_int8_engine_is_caught(tiny_run, capsys, monkeypatch):
+def test_vllms_plain_reload_into_the_cpu_int8_engine_is_caught(tiny_run):
     """The hole vllm_cpu_sync fixes (oneDNN's handle reads freed scales): without the fix, the probe stops it."""
-    from qurl_mini.engine import RolloutEngine
-
-    def plain_reload(self, pairs):
-        self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": iter(pairs)})
-        self.llm.reset_prefix_cache()
-
-    monkeypatch.setattr(RolloutEngine, "load_weights", plain_reload)
-    code, err = run_main(tiny_run + ["--run-name", "plain"], capsys)
+    code, err = run_main(tiny_run + ["--run-name", "plain"], VLLMS_PLAIN_RELOAD)
     print(err[-1])
     assert code == 2
     assert err[-1].startswith("error: step 1: the rollout engine did not take the new weights"), err[-3:]
