@@ -20,7 +20,7 @@ def dry_run_report(cfg) -> str:
     else:
         lines.append(f"memory estimate (GiB, an ESTIMATE from the sizes; {shape.params / 1e9:.2f}B parameters):")
         for part, gib in memory_plan(cfg, shape).items():
-            lines.append(f"  {part:72s} {gib if isinstance(gib, bool) else f'{gib:7.1f}'}")
+            lines.append(f"  {part:90s} {gib if isinstance(gib, bool) else f'{gib:7.1f}'}")
     return "\n".join(lines)
 
 

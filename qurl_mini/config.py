@@ -82,9 +82,11 @@ class Config:
     sync_check_every: int = _f(10, "sync probe: after step 1 and every N steps, check that the engine's log-probs of "
                                    "a fixed sequence match the updated actor's, else stop (0 = off)")
     # the embedded warm start
-    sft_steps: int = _f(400, "SFT steps of the embedded model's warm start")
+    sft_steps: Optional[int] = _f(None, "SFT steps of the embedded model's warm start (default: 400 on the synthetic "
+                                        "task, 60 on real text)")
     sft_lr: float = _f(3e-3, "SFT learning rate of the embedded warm start")
-    teacher_slip: float = _f(0.55, "embedded warm start: share of SFT demonstrations that are off by one")
+    teacher_slip: Optional[float] = _f(None, "embedded warm start on the synthetic task: share of SFT demonstrations "
+                                             "that are off by one (default 0.55)")
     max_number: int = _f(10, "largest number in the synthetic problems")
     # run
     preset: Optional[str] = _f(None, "presets/NAME.json: the flag values of a named setting (flags given still win)")
@@ -106,6 +108,8 @@ class Config:
         for name, default in {**BASE_DEFAULTS, **algo_defaults}.items():  # flags left unset
             if getattr(self, name) is None:
                 setattr(self, name, default)
+        if self.teacher_slip is None and self.data == "synthetic":
+            self.teacher_slip = 0.55
         if self.run_name is None:
             self.run_name = f"{self.algo}-{self.quant}" + (f"-{self.objective}" if self.quant != "none" else "")
         self.validate()
@@ -121,9 +125,10 @@ class Config:
         need(self.objective in OBJECTIVES, f"--objective {self.objective!r}: choose from {OBJECTIVES}")
         need(self.loss_agg in AGGREGATIONS, f"--loss-agg {self.loss_agg!r}: choose from {AGGREGATIONS}")
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
-                     "micro_batch_size", "eval_size", "save_every", "keep", "max_bad_steps", "sft_steps",
+                     "micro_batch_size", "eval_size", "save_every", "keep", "max_bad_steps",
                      "dapo_max_tries", "max_number"):
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        need(self.sft_steps is None or self.sft_steps >= 1, f"--sft-steps must be >= 1, got {self.sft_steps}")
         need(self.max_prompt_tokens is None or self.max_prompt_tokens >= 1,
              f"--max-prompt-tokens must be >= 1, got {self.max_prompt_tokens}")
         need(self.max_tokens_per_micro_batch is None or self.max_tokens_per_micro_batch >= 1,
@@ -146,7 +151,11 @@ class Config:
         need(self.kl_coef >= 0, f"--kl-coef must be >= 0, got {self.kl_coef}")
         need(0 <= self.gamma <= 1 and 0 <= self.lam <= 1, "--gamma and --lam must be in [0, 1]")
         need(0 < self.gpu_memory_utilization < 1, "--gpu-memory-utilization must be in (0, 1)")
-        need(0 <= self.teacher_slip < 1, f"--teacher-slip must be in [0, 1), got {self.teacher_slip}")
+        need(self.teacher_slip is None or self.data == "synthetic",
+             f"--teacher-slip belongs to the synthetic task (it corrupts its one-line answers); --data {self.data} "
+             "is warm-started on its own solutions")
+        need(self.teacher_slip is None or 0 <= self.teacher_slip < 1,
+             f"--teacher-slip must be in [0, 1), got {self.teacher_slip}")
         need(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0, got {self.overlong_penalty}")
         need(self.mismatch_warn_kl > 0, f"--mismatch-warn-kl must be > 0, got {self.mismatch_warn_kl}")
 

@@ -1,5 +1,10 @@
 """The embedded default: a character tokenizer, a tiny Qwen2 model and its SFT warm start.
 
+Two variants (`EMBEDDED_VARIANTS`): `synthetic`, the default, reads the synthetic task's printable-ASCII
+text in 256 positions; `text`, used when --data is a real dataset (GSM8K) and no --model is given, has
+a tokenizer with byte fallback (any UTF-8 text, losslessly) and 2048 positions, and is warm-started on
+the dataset's own solutions, without the sloppy teacher (its slip is the synthetic task's).
+
 Nothing is downloaded: the tokenizer is built with `tokenizers`, the model from a
 `Qwen2Config`, and a short supervised fine-tune on the synthetic train split gives the
 starting policy. The result is a normal HF model folder, cached.
@@ -21,6 +26,8 @@ import os
 import random
 import shutil
 import string
+from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -31,6 +38,7 @@ log = logging.getLogger("qurl_mini")
 
 PAD, EOS, UNK = "<pad>", "<eos>", "<unk>"
 CHARS = sorted(set(string.printable) - set("\t\r\x0b\x0c"))
+BYTE_TOKENS = [f"<0x{b:02X}>" for b in range(256)]  # the byte-fallback names `tokenizers` looks up
 
 
 def build_char_tokenizer():
@@ -43,6 +51,38 @@ def build_char_tokenizer():
     tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
     tok.decoder = decoders.Fuse()
     return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+
+
+def build_byte_fallback_tokenizer():
+    """One token per printable-ASCII character; any other character (a tab, '€', an emoji) as its
+    UTF-8 bytes, <0xE2><0x82><0xAC>: every text encodes, and decodes back to itself."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    vocab = {tok: i for i, tok in enumerate([PAD, EOS, UNK] + CHARS + BYTE_TOKENS)}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[], unk_token=UNK, byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Split(Regex(r"[\s\S]"), behavior="isolated")
+    tok.decoder = decoders.Sequence([decoders.ByteFallback(), decoders.Fuse()])
+    return PreTrainedTokenizerFast(tokenizer_object=tok, pad_token=PAD, eos_token=EOS, unk_token=UNK)
+
+
+@dataclass(frozen=True)
+class EmbeddedVariant:
+    tokenizer: Callable
+    vocab_size: int
+    max_positions: int
+    sft_steps: int  # default warm-start length (--sft-steps overrides)
+    sft_batch_size: int
+    teacher_slips: bool  # whether the sloppy teacher (--teacher-slip) applies
+    about: str
+
+
+EMBEDDED_VARIANTS = {
+    "synthetic": EmbeddedVariant(build_char_tokenizer, 128, 256, 400, 64, True,
+                                 "printable-ASCII characters, 256 positions"),
+    "text": EmbeddedVariant(build_byte_fallback_tokenizer, 384, 2048, 60, 16, False,
+                            "characters with byte fallback, 2048 positions"),
+}
 
 
 def tiny_qwen2_config(tokenizer, layers=4, hidden=192, heads=6, kv_heads=2, intermediate=None, vocab_size=128,
@@ -59,12 +99,14 @@ def tiny_qwen2_config(tokenizer, layers=4, hidden=192, heads=6, kv_heads=2, inte
     )
 
 
-def build_tiny_model(out_dir: str, seed: int = 0, **config_kwargs) -> str:
-    """A randomly initialised tiny Qwen2 + char tokenizer, saved as an HF folder (for tests)."""
+def build_tiny_model(out_dir: str, seed: int = 0, variant: str = "synthetic", **config_kwargs) -> str:
+    """A randomly initialised tiny Qwen2 + its tokenizer, saved as an HF folder (for tests)."""
     from transformers import Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    tokenizer = build_char_tokenizer()
+    shape = EMBEDDED_VARIANTS[variant]
+    tokenizer = shape.tokenizer()
+    config_kwargs = {"vocab_size": shape.vocab_size, "max_positions": shape.max_positions, **config_kwargs}
     model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer, **config_kwargs))
     model.save_pretrained(out_dir)
     tokenizer.save_pretrained(out_dir)
@@ -119,29 +161,60 @@ def sft(model, tokenizer, problems, steps, batch_size, lr, seed, teacher_slip=0.
     return model
 
 
-def warm_start(cache_dir: str, train: list[Problem], *, steps: int, batch_size: int, lr: float,
-               teacher_slip: float, seed: int = 0) -> str:
+def warm_start_settings(variant: str, train: list[Problem], *, steps: int, batch_size: int, lr: float,
+                        teacher_slip: float, seed: int = 0, source: str = "synthetic") -> dict:
+    """What decides the warm-started model (its cache key is their hash)."""
+    settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, n_train=len(train),
+                    teacher_slip=teacher_slip, first=train[0].question, version=2)
+    if variant != "synthetic":  # the synthetic key predates the variants and stays as it was
+        settings.update(variant=variant, source=source)
+    return settings
+
+
+def warm_start_key(settings: dict) -> str:
+    return hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
+
+
+def describe_warm_start(variant: str, settings: dict, n_params: float, skipped: int = 0) -> str:
+    """One line: what the warm start did."""
+    shape = EMBEDDED_VARIANTS[variant]
+    teacher = (f"a sloppy teacher off by one in {settings['teacher_slip']:.0%} of the demonstrations"
+               if shape.teacher_slips else "their own solutions (no teacher slip: that is the synthetic task's)")
+    dropped = f", {skipped} too long for {shape.max_positions} positions left out" if skipped else ""
+    return (f"SFT of a {n_params / 1e6:.2f}M-parameter Qwen2 ({shape.about}) on {settings['n_train']} "
+            f"{settings.get('source', 'synthetic')} problems{dropped}, with {teacher}: "
+            f"{settings['steps']} steps x {settings['batch_size']}, lr {settings['lr']:g}")
+
+
+def warm_start(cache_dir: str, train: list[Problem], *, variant: str = "synthetic", steps: int | None = None,
+               lr: float, teacher_slip: float, seed: int = 0, source: str = "synthetic") -> str:
     """Path of the SFT'd embedded model, built on first use and cached by its settings."""
     from transformers import Qwen2ForCausalLM
 
-    settings = dict(steps=steps, batch_size=batch_size, lr=lr, seed=seed, n_train=len(train),
-                    teacher_slip=teacher_slip, first=train[0].question, version=2)
-    key = hashlib.sha1(json.dumps(settings, sort_keys=True).encode()).hexdigest()[:10]
-    out_dir = os.path.join(cache_dir, f"embedded-sft-{key}")
+    shape = EMBEDDED_VARIANTS[variant]
+    teacher_slip = teacher_slip if shape.teacher_slips else 0.0
+    settings = warm_start_settings(variant, train, steps=steps or shape.sft_steps, batch_size=shape.sft_batch_size,
+                                   lr=lr, teacher_slip=teacher_slip, seed=seed, source=source)
+    out_dir = os.path.join(cache_dir, f"embedded-sft-{warm_start_key(settings)}")
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
-        log.info("warm start: reusing cached %s", out_dir)
+        with open(os.path.join(out_dir, "sft_settings.json")) as f:
+            done = json.load(f)
+        log.info("warm start: reusing %s (%s)", out_dir, done.get("description", "its settings: sft_settings.json"))
         return out_dir
     torch.manual_seed(seed)
-    tokenizer = build_char_tokenizer()
-    model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer))
-    log.info("warm start: SFT of a %.2fM-parameter Qwen2 on %d synthetic problems (cached in %s)",
-             sum(p.numel() for p in model.parameters()) / 1e6, len(train), out_dir)
-    sft(model, tokenizer, train, steps, batch_size, lr, seed, teacher_slip)
+    tokenizer = shape.tokenizer()
+    model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer, vocab_size=shape.vocab_size,
+                                               max_positions=shape.max_positions))
+    fitting = [p for p in train if len(tokenizer.encode(p.prompt + p.answer)) < shape.max_positions]
+    description = describe_warm_start(variant, settings, sum(p.numel() for p in model.parameters()),
+                                      skipped=len(train) - len(fitting))
+    log.info("warm start: %s; cached in %s", description, out_dir)
+    sft(model, tokenizer, fitting, settings["steps"], settings["batch_size"], lr, seed, teacher_slip)
     tmp_dir = out_dir + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
     model.save_pretrained(tmp_dir)
     tokenizer.save_pretrained(tmp_dir)
     with open(os.path.join(tmp_dir, "sft_settings.json"), "w") as f:
-        json.dump(settings, f, indent=1)
+        json.dump({**settings, "description": description}, f, indent=1)
     os.replace(tmp_dir, out_dir)
     return out_dir

@@ -1,10 +1,11 @@
 """A memory plan for one GPU, from the model's shape and the flags alone (nothing is loaded).
 
-An ESTIMATE, part by part, of what this trainer keeps: the fp32 actor with its gradients and AdamW
-state, PPO's critic (a copy of the backbone, trained the same way), the frozen reference (fp32, only
-when --kl-coef > 0), the rollout engine's share of the GPU (vLLM takes --gpu-memory-utilization of
-it for weights + KV cache; sleep level 1 hands it back during the update), one micro-batch's
-activations and its chunk of fp32 logits.
+An ESTIMATE, part by part, of what this trainer keeps on a GPU: the fp32 actor with its gradients and
+AdamW state, PPO's critic (a copy of the backbone, trained the same way), the frozen reference (bf16,
+only when --kl-coef > 0), the rollout engine's share of the GPU (vLLM takes --gpu-memory-utilization
+of it for weights + KV cache; sleep level 1 hands it back during the update), one micro-batch's
+activations under bf16 autocast (all of them, or with --gradient-checkpointing each layer's input plus
+one layer's) and one chunk of fp32 logits.
 """
 import json
 import os
@@ -37,6 +38,12 @@ class ModelShape:
         mlp = 3 * self.hidden * self.intermediate
         return self.layers * (attn + mlp)
 
+    def activation_bytes_per_token_layer(self) -> int:
+        """Kept for backward under bf16 autocast: the two RMSNorm inputs in fp32 (8h), attention's
+        input, q/k/v and output in bf16 (~6h + 4 kv*head_dim), SwiGLU's input, gate, up, silu(gate) and
+        their product in bf16 (2h + 8i)."""
+        return 16 * self.hidden + 8 * self.intermediate + 4 * self.kv_heads * self.head_dim
+
     @property
     def params(self):
         return self.embedding_params + self.decoder_linear_params + self.layers * 2 * self.hidden + self.hidden
@@ -65,21 +72,30 @@ def model_shape(model: str | None) -> ModelShape | None:
                       tied=c.get("tie_word_embeddings", False))
 
 
+def micro_batch_tokens(cfg) -> int:
+    """Padded tokens of one micro-batch: --max-tokens-per-micro-batch, else sequences x longest length."""
+    return cfg.max_tokens_per_micro_batch or cfg.micro_batch_size * ((cfg.max_prompt_tokens or 256) + cfg.max_new_tokens)
+
+
 def memory_plan(cfg, shape: ModelShape, gpu_gib: float = 80.0, logprob_chunk_tokens: int = 1024) -> dict:
     """GiB per part; 'peak' = what is resident during the update plus the larger of the two phases."""
     p = shape.params
     trained = 4 + 4 + 8  # fp32 weights, fp32 gradients, AdamW's two fp32 moments (bytes per parameter)
-    tokens = cfg.micro_batch_size * ((cfg.max_prompt_tokens or 256) + cfg.max_new_tokens)
-    # per token and layer, with the activations kept for backward (fp32, no checkpointing): ~34 * hidden bytes
-    activations = tokens * shape.layers * 34 * shape.hidden
+    tokens = micro_batch_tokens(cfg)
+    one_layer = shape.activation_bytes_per_token_layer()
+    if cfg.gradient_checkpointing:  # each layer's fp32 input is kept, one layer is recomputed at a time
+        activations = tokens * (shape.layers * 4 * shape.hidden + one_layer)
+    else:
+        activations = tokens * shape.layers * one_layer
     logits = 3 * logprob_chunk_tokens * shape.vocab * 4  # one chunk: logits, softmax, gradient
+    checkpointing = "gradient checkpointing" if cfg.gradient_checkpointing else "all layers kept"
     plan = {
         "actor (fp32 weights + grads + AdamW)": p * trained / GIB,
         "critic (PPO: backbone copy, trained)": (p - (shape.vocab * shape.hidden if not shape.tied else 0)) * trained / GIB
         if cfg.algo == "ppo" else 0.0,
-        "reference (fp32, frozen; none when --kl-coef 0)": p * 4 / GIB if cfg.kl_coef > 0 else 0.0,
+        "reference (bf16, frozen; none when --kl-coef 0)": p * 2 / GIB if cfg.kl_coef > 0 else 0.0,
         f"rollout engine ({cfg.quant}; weights + KV cache, --gpu-memory-utilization)": cfg.gpu_memory_utilization * gpu_gib,
-        "update: one micro-batch's activations (estimate)": activations / GIB,
+        f"update: activations of one {tokens}-token micro-batch (bf16 autocast, {checkpointing})": activations / GIB,
         "update: fp32 logits of one log-prob chunk": logits / GIB,
     }
     resident = sum(v for k, v in plan.items() if k.startswith(("actor", "critic", "reference")))

@@ -46,11 +46,13 @@ class TrainingError(RuntimeError):
 
 
 def base_model_path(cfg: Config, train_problems) -> str:
-    """--model, or the embedded tiny Qwen2 after its (cached) SFT warm start."""
+    """--model, or the embedded tiny Qwen2 after its (cached) SFT warm start: the synthetic variant on
+    the synthetic task, the byte-fallback one (any text, 2048 positions) on real data."""
     if cfg.model is not None:
         return cfg.model
-    return warm_start(cfg.cache_dir, train_problems, steps=cfg.sft_steps, batch_size=64, lr=cfg.sft_lr,
-                      teacher_slip=cfg.teacher_slip)
+    variant = "synthetic" if cfg.data == "synthetic" else "text"
+    return warm_start(cfg.cache_dir, train_problems, variant=variant, steps=cfg.sft_steps, lr=cfg.sft_lr,
+                      teacher_slip=cfg.teacher_slip, seed=0, source=os.path.basename(cfg.data))
 
 
 @dataclass

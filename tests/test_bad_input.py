@@ -54,6 +54,8 @@ def one_line_error(err):
     (["--temperature", "0"], "--temperature must be > 0"),
     (["--kl-coef", "-1"], "--kl-coef must be >= 0"),
     (["--teacher-slip", "1"], "--teacher-slip must be in [0, 1)"),
+    (["--sft-steps", "0"], "--sft-steps must be >= 1"),
+    (["--data", "gsm8k", "--teacher-slip", "0.3"], "--teacher-slip belongs to the synthetic task"),
     (["--minibatches", "9999"], "--minibatches 9999 exceeds"),
 ])
 def test_bad_flag_values(flags, message, capfd):

@@ -46,8 +46,14 @@ def test_memory_plan_parts_follow_from_the_sizes():
     cfg = parse_args(["--preset", "gsm8k-ppo-qwen2.5-0.5b"])
     plan = memory_plan(cfg, shape)
     assert plan["actor (fp32 weights + grads + AdamW)"] == pytest.approx(16 * shape.params / 2**30)
-    assert plan["reference (fp32, frozen; none when --kl-coef 0)"] == pytest.approx(4 * shape.params / 2**30)
+    assert plan["reference (bf16, frozen; none when --kl-coef 0)"] == pytest.approx(2 * shape.params / 2**30)
     assert plan["fits one 80 GiB GPU"]
+    activations = next(v for k, v in plan.items() if k.startswith("update: activations of one 16384-token"))
+    per_token_layer = 16 * 896 + 8 * 4864 + 4 * 2 * 64  # bf16 autocast, fp32 norm inputs (memory.py)
+    assert activations == pytest.approx(16384 * 24 * per_token_layer / 2**30)
+    checkpointed = memory_plan(parse_args(["--preset", "gsm8k-ppo-qwen2.5-0.5b", "--gradient-checkpointing"]), shape)
+    kept = next(v for k, v in checkpointed.items() if "gradient checkpointing" in k)
+    assert kept == pytest.approx(16384 * (24 * 4 * 896 + per_token_layer) / 2**30) and kept < activations / 9
     dapo = memory_plan(parse_args(["--preset", "dapo-qwen2.5-math-7b"]), KNOWN_SHAPES["Qwen/Qwen2.5-Math-7B"])
     assert not dapo["fits one 80 GiB GPU"]  # the preset's note says so: it belongs on a distributed engine
 
