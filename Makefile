@@ -66,6 +66,7 @@ test: install verl-env
 
 bench: install
 	$(BIN)/python benchmarks/bench_rollout.py
+	$(BIN)/python benchmarks/bench_batch.py
 	$(BIN)/python benchmarks/bench_step.py
 
 replay: install

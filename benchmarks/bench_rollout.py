@@ -45,17 +45,17 @@ def weight_bytes(model, quantized_names: set[str], unquantized_bytes: int) -> in
     return total
 
 
-def decode_rates(engines: dict, prompts, n, tokens, rounds) -> dict:
+def decode_rates(engines: dict, prompts, n, tokens, rounds, warmup: bool = True, rotate: int = 0) -> dict:
     """{engine name: decode tokens/s of each round}; every engine decodes one batch per round (after one
-    warm-up batch each), in an order that rotates from round to round."""
+    warm-up batch each), in an order that rotates from round to round (starting `rotate` places on)."""
     from vllm import SamplingParams
 
     params = SamplingParams(n=n, temperature=1.0, max_tokens=tokens, ignore_eos=True, logprobs=0, detokenize=False)
     requests = [{"prompt_token_ids": p} for p in prompts]
-    for engine in engines.values():
+    for engine in engines.values() if warmup else ():
         engine.llm.generate(requests, params, use_tqdm=False)
     names, rates = list(engines), {name: [] for name in engines}
-    for r in range(rounds):
+    for r in range(rotate, rotate + rounds):
         for name in names[r % len(names):] + names[:r % len(names)]:
             t0 = time.perf_counter()
             outs = engines[name].llm.generate(requests, params, use_tqdm=False)
