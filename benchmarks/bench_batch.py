@@ -22,7 +22,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_rollout import ENGINES, SHAPES, decode_rates, weight_bytes  # noqa: E402
+from bench_rollout import ENGINES, SHAPES, decode_rates, int8_vs_best_unquantized, plot_ratios, weight_bytes  # noqa: E402
 
 
 def bench(args, platform, tmp) -> dict:
@@ -56,12 +56,7 @@ def bench(args, platform, tmp) -> dict:
         row = {"sequences": s, "engines": {e: {"dtype": engines[e].dtype, "per_round": per_batch[s][e],
                                                "decode_tokens_per_s": statistics.median(per_batch[s][e]),
                                                "weight_bytes": bytes_per[e]} for e in engines}}
-        unquantized = [e for e in engines if ENGINES[e][0] == "none"]
-        if "int8" in engines and unquantized:
-            best = max(unquantized, key=lambda e: row["engines"][e]["decode_tokens_per_s"])
-            ratios = [i / b for i, b in zip(per_batch[s]["int8"], per_batch[s][best])]
-            row.update(best_unquantized=best, int8_speedup=statistics.median(ratios), int8_speedup_per_round=ratios,
-                       memory_bound_limit=bytes_per[best] / bytes_per["int8"])
+        row.update(int8_vs_best_unquantized(row["engines"]))
         rows.append(row)
     del engines
     gc.collect()
@@ -69,29 +64,11 @@ def bench(args, platform, tmp) -> dict:
 
 
 def plot(result, path, cpu):
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
     rows = [r for r in result["rows"] if "int8_speedup" in r]
-    x = [r["sequences"] for r in rows]
-    fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(x, [r["int8_speedup"] for r in rows], "o-", label="INT8 W8A8 / fastest unquantized (median of rounds)")
-    ax.plot(x, [r["memory_bound_limit"] for r in rows], "s--", label="memory-bound limit (weight bytes)")
-    for r in rows:
-        ax.annotate(f"vs {r['best_unquantized']}", (r["sequences"], r["int8_speedup"]), fontsize=8,
-                    textcoords="offset points", xytext=(4, -14))
-    ax.axhline(1.0, color="black", lw=0.5)
-    ax.set_xscale("log", base=2)
-    ax.set_xlabel("sequences decoded together")
-    ax.set_ylabel("decode throughput ratio")
-    ax.set_title(f"INT8 decode speed-up vs batch, {result['shape']} shape (random weights)\n{cpu}", fontsize=9)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    plot_ratios(path, [r["sequences"] for r in rows], rows, measured="median of rounds",
+                xlabel="sequences decoded together",
+                title=f"INT8 decode speed-up vs batch, {result['shape']} shape (random weights)\n{cpu}",
+                note=lambda r: f"vs {r['best_unquantized']}", xytext=(4, -14), base=2)
 
 
 def main() -> None:

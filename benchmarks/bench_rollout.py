@@ -98,44 +98,55 @@ def bench_shape(name, shape, args, platform, tmp):
               flush=True)
     del engine, engines
     gc.collect()
-    unquantized = {k: v for k, v in row["engines"].items() if ENGINES[k][0] == "none"}
-    if "int8" in row["engines"] and unquantized:
-        best = max(unquantized, key=lambda k: unquantized[k]["decode_tokens_per_s"])
-        int8 = row["engines"]["int8"]
-        row["best_unquantized"] = best
-        per_round = [i / b for i, b in zip(int8["per_round"], unquantized[best]["per_round"])]
-        row["int8_speedup"] = statistics.median(per_round)  # paired: both timed in the same round
-        row["int8_speedup_per_round"] = per_round
-        row["memory_bound_limit"] = unquantized[best]["weight_bytes"] / int8["weight_bytes"]
+    row.update(int8_vs_best_unquantized(row["engines"]))
     del actor
     gc.collect()
     return row
 
 
-def plot(rows, path, cpu):
+def int8_vs_best_unquantized(engines: dict) -> dict:
+    """The fastest unquantized engine, INT8's speed-up over it (median of the per-round ratios: paired,
+    both timed in the same round) and the memory-bound limit; {} without INT8 or an unquantized engine."""
+    unquantized = {k: v for k, v in engines.items() if ENGINES[k][0] == "none"}
+    if "int8" not in engines or not unquantized:
+        return {}
+    best = max(unquantized, key=lambda k: unquantized[k]["decode_tokens_per_s"])
+    int8 = engines["int8"]
+    per_round = [i / b for i, b in zip(int8["per_round"], unquantized[best]["per_round"])]
+    return {"best_unquantized": best, "int8_speedup": statistics.median(per_round), "int8_speedup_per_round": per_round,
+            "memory_bound_limit": unquantized[best]["weight_bytes"] / int8["weight_bytes"]}
+
+
+def plot_ratios(path, x, rows, *, measured, xlabel, title, note, xytext, **xscale):
+    """INT8 / fastest unquantized (measured) and its memory-bound limit against x, one point per row."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    rows = [r for r in rows if "int8_speedup" in r]
-    x = [r["params"] / 1e6 for r in rows]
     fig, ax = plt.subplots(figsize=(7, 4.5))
-    ax.plot(x, [r["int8_speedup"] for r in rows], "o-", label="INT8 W8A8 / fastest unquantized (measured)")
+    ax.plot(x, [r["int8_speedup"] for r in rows], "o-", label=f"INT8 W8A8 / fastest unquantized ({measured})")
     ax.plot(x, [r["memory_bound_limit"] for r in rows], "s--", label="memory-bound limit (weight bytes)")
     for r, xi in zip(rows, x):
-        ax.annotate(f"{r['shape']}\nvs {r['best_unquantized']}", (xi, r["int8_speedup"]), fontsize=8,
-                    textcoords="offset points", xytext=(4, -18))
+        ax.annotate(note(r), (xi, r["int8_speedup"]), fontsize=8, textcoords="offset points", xytext=xytext)
     ax.axhline(1.0, color="black", lw=0.5)
-    ax.set_xscale("log")
-    ax.set_xlabel("parameters (millions, random weights)")
+    ax.set_xscale("log", **xscale)
+    ax.set_xlabel(xlabel)
     ax.set_ylabel("decode throughput ratio")
-    ax.set_title(f"vLLM rollout decode speed-up of INT8\n{cpu}", fontsize=9)
+    ax.set_title(title, fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
+
+
+def plot(rows, path, cpu):
+    rows = [r for r in rows if "int8_speedup" in r]
+    plot_ratios(path, [r["params"] / 1e6 for r in rows], rows, measured="measured",
+                xlabel="parameters (millions, random weights)",
+                title=f"vLLM rollout decode speed-up of INT8\n{cpu}",
+                note=lambda r: f"{r['shape']}\nvs {r['best_unquantized']}", xytext=(4, -18))
 
 
 def main() -> None:

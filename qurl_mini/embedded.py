@@ -186,6 +186,15 @@ def describe_warm_start(variant: str, settings: dict, n_params: float, skipped: 
             f"{settings['steps']} steps x {settings['batch_size']}, lr {settings['lr']:g}")
 
 
+def _cached_description(out_dir: str) -> str:
+    """What a cached warm start did, from its sft_settings.json (older caches have no description)."""
+    try:
+        with open(os.path.join(out_dir, "sft_settings.json")) as f:
+            return json.load(f)["description"]
+    except (OSError, ValueError, KeyError):
+        return "its settings: sft_settings.json"
+
+
 def warm_start(cache_dir: str, train: list[Problem], *, variant: str = "synthetic", steps: int | None = None,
                lr: float, teacher_slip: float, seed: int = 0, source: str = "synthetic") -> str:
     """Path of the SFT'd embedded model, built on first use and cached by its settings."""
@@ -197,9 +206,7 @@ def warm_start(cache_dir: str, train: list[Problem], *, variant: str = "syntheti
                                    lr=lr, teacher_slip=teacher_slip, seed=seed, source=source)
     out_dir = os.path.join(cache_dir, f"embedded-sft-{warm_start_key(settings)}")
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
-        with open(os.path.join(out_dir, "sft_settings.json")) as f:
-            done = json.load(f)
-        log.info("warm start: reusing %s (%s)", out_dir, done.get("description", "its settings: sft_settings.json"))
+        log.info("warm start: reusing %s (%s)", out_dir, _cached_description(out_dir))
         return out_dir
     torch.manual_seed(seed)
     tokenizer = shape.tokenizer()
