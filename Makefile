@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install verl-env demo test bench replay clean
+.PHONY: install verl-env demo test bench replay contrast mismatch clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -71,6 +71,14 @@ bench: install
 
 replay: install
 	$(BIN)/python experiments/replay.py
+
+# BF16 rollout vs naive / TIS / ACR at the format where naive quantized PPO breaks (one seed) -> runs/contrast.png
+contrast: install
+	$(BIN)/python experiments/mismatch.py --contrast
+
+# the whole dial (3 formats x 3 objectives + BF16, 3 seeds; runs on disk are reused) -> docs/results/mismatch*
+mismatch: install
+	$(BIN)/python experiments/mismatch.py
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache runs

@@ -9,6 +9,7 @@ of Chen et al. (2021) from those K samples, i.e. the share of problems with any 
     python eval.py --model Qwen/Qwen2.5-0.5B --data gsm8k --eval-size 1319 --max-new-tokens 512
     python eval.py --model M --k 32 --temperature 1.0 --top-p 0.7 --out results.json  # the paper's AIME setting
     python eval.py --model M --quant int8                  # what the INT8 rollout engine would produce
+    python eval.py --model M --quant int2 --quant-group 32 # a mismatch-dial format (emulated, beyond the paper)
 """
 import argparse
 import gc
@@ -19,9 +20,11 @@ import sys
 import time
 import warnings
 
+from qurl_mini.paths import ModelError, PathError, check_model_dir, check_output_file
 from qurl_mini.progress import setup_logging
+from qurl_mini.quant import FORMATS
 
-QUANT_FORMATS = ("none", "int8", "fp8", "int4")
+QUANT_FORMATS = ("none", *FORMATS)
 ENGINE_DTYPES = ("auto", "bfloat16", "float32")
 DEFAULTS = dict(data="synthetic", eval_size=200, max_new_tokens=24, max_number=10, seed=0)
 
@@ -52,7 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     add("--top-p", type=float, default=1.0, help="nucleus sampling of the k samples, in (0, 1]")
     add("--quant", choices=QUANT_FORMATS, default="none",
         help="engine precision: unquantized (none), or what the W8A8 INT8 / FP8 rollout engine would produce "
-             "(FP8 is emulated without an FP8 kernel; int4 is the emulated stress format)")
+             "(FP8 is emulated without an FP8 kernel; int6 .. int2 are the emulated mismatch-dial formats)")
+    add("--quant-group", type=int, default=None,
+        help="int6 .. int2: input columns sharing one weight scale (0 = per output channel; default 32)")
     add("--engine-dtype", choices=ENGINE_DTYPES, default=None,
         help="engine's unquantized dtype: auto = bfloat16 with bf16 arithmetic, else float32 (default: the run's, "
              "else auto)")
@@ -128,6 +133,11 @@ def check(args) -> None:
         args.engine_dtype = "auto"
     if args.prompt_format is None:
         args.prompt_format = "auto"
+    if args.quant_group is not None and (args.quant_group < 0 or args.quant == "none"):
+        raise InputError(f"--quant-group {args.quant_group}: must be >= 0 (0 = per output channel), with a "
+                         f"quantized --quant")
+    if args.quant_group and FORMATS[args.quant].vllm_kernel:
+        raise InputError(f"--quant {args.quant} is vLLM's W8A8 kernel, per output channel: --quant-group must be 0")
     if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
         raise InputError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
     if args.engine_dtype not in ENGINE_DTYPES:
@@ -135,10 +145,11 @@ def check(args) -> None:
     if not args.model:
         raise InputError("give --model DIR [DIR ...] or --run RUN_DIR")
     for model in args.model:  # before any model is evaluated (load_actor checks the rest)
-        looks_like_path = model.startswith((".", "/", "~")) or model.count("/") > 1 or os.path.exists(model)
-        if looks_like_path and not os.path.isdir(os.path.expanduser(model)):
+        try:
+            check_model_dir(model)
+        except ModelError as e:
             where = f" (named in --run {args.run}/summary.json)" if args.run and model in args.model[:2] else ""
-            raise InputError(f"--model {model}: no such folder{where}")
+            raise InputError(f"{e}{where}") from None
     for name in ("eval_size", "max_new_tokens", "k", "batch_size", "kv_cache_gib", "max_number"):
         if getattr(args, name) < 1:
             raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
@@ -150,8 +161,8 @@ def check(args) -> None:
         raise InputError(f"--top-p must be in (0, 1], got {args.top_p}")
     if not (0 < args.gpu_memory_utilization < 1):
         raise InputError(f"--gpu-memory-utilization must be in (0, 1), got {args.gpu_memory_utilization}")
-    if args.out and not os.path.isdir(os.path.dirname(os.path.abspath(args.out))):
-        raise InputError(f"--out {args.out}: no such folder {os.path.dirname(os.path.abspath(args.out))}")
+    if args.out:
+        check_output_file(args.out, "--out")
 
 
 def evaluate_model(path: str, test, args, platform) -> dict:
@@ -166,7 +177,8 @@ def evaluate_model(path: str, test, args, platform) -> dict:
     actor, tokenizer = load_actor(path)
     prompts = PromptBuilder(args.prompt_format, tokenizer)
     test = prompts.fitting(test, args.max_prompt_tokens, "test problems")
-    engine = start_engine(actor, tokenizer, test, args.max_new_tokens, quant_fmt=args.quant, dtype=args.engine_dtype,
+    engine = start_engine(actor, tokenizer, test, args.max_new_tokens, quant_fmt=args.quant,
+                          quant_group=args.quant_group, dtype=args.engine_dtype,
                           seed=args.seed, platform=platform, prompts=prompts, kv_cache_gib=args.kv_cache_gib,
                           gpu_memory_utilization=args.gpu_memory_utilization)
     del actor  # the engine holds its own copy
@@ -274,7 +286,7 @@ def main(argv=None) -> int:
     try:
         run_info = resolve_run(args) if args.run else None
         check(args)
-    except InputError as e:
+    except (InputError, PathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's CPU start-up warnings are noise here
@@ -287,11 +299,11 @@ def main(argv=None) -> int:
     logging.getLogger("vllm").setLevel(logging.ERROR)
     transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
 
-    from qurl_mini.actor import ModelError
     from qurl_mini.data import DataError, load_problems
     from qurl_mini.engine import Platform
     from qurl_mini.evaluate import ContextError
     from qurl_mini.prompts import PromptError
+    from qurl_mini.quant import QuantError
 
     log = logging.getLogger("qurl_mini")
     if args.k > 1 and args.temperature == 0:
@@ -308,13 +320,14 @@ def main(argv=None) -> int:
             if run_info and path in run_info["roles"]:
                 results[path].update(role=run_info["roles"][path],
                                      train_py_greedy_accuracy=run_info["trainer_greedy"][path])
-    except (DataError, ModelError, ContextError, PromptError) as e:
+    except (DataError, ModelError, ContextError, PromptError, QuantError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_results(results, args, len(test), run_info)
     if args.out:
         settings = {name: getattr(args, name) for name in ("data", "test_data", "eval_size", "max_new_tokens", "seed",
-                                                           "k", "temperature", "top_p", "quant", "engine_dtype")}
+                                                           "k", "temperature", "top_p", "quant", "quant_group",
+                                                           "engine_dtype")}
         if args.data == "synthetic":
             settings["max_number"] = args.max_number
         settings.update(n_problems=len(test), run=args.run, cuda=platform.cuda,

@@ -2,6 +2,11 @@
 
     python quantize.py --model DIR --fmt int8 [--uaq-scale 1.5] --out DIR [--check]
     python quantize.py --model DIR --fmt none --uaq-scale 1.5 --out DIR [--check]
+    python quantize.py --model DIR --fmt int3 --group 0 --out DIR [--check]
+
+--fmt int6 .. int2 (the mismatch dial, beyond the paper) write what the emulating rollout engine loads:
+a plain float32 HF checkpoint whose decoder projections are rounded to that grid (config.json records
+the format as `qurl_emulated_quant`).
 
 --check loads the result in vLLM next to the bf16 model and reports the log-prob gap on a few
 problems (FP8 without an FP8 kernel: measured with the HF fake-quant emulation instead).
@@ -14,7 +19,9 @@ import os
 import shutil
 import sys
 
+from qurl_mini.paths import PathError, check_output_dir
 from qurl_mini.progress import setup_logging
+from qurl_mini.quant import FORMATS
 
 
 def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dict:
@@ -47,21 +54,26 @@ def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dic
                     emulated = token_logprobs(actor, ids, torch.ones_like(ids))
                 gaps += (emulated - exact).abs().flatten().tolist()
         return {"how": "HF fake-quant emulation (no FP8 kernel here)", "max": max(gaps), "mean": sum(gaps) / len(gaps)}
+    from qurl_mini.evaluate import free_engine
+
     engines = {}
-    for name, path, engine_format in (("bf16", model_dir, "bf16"), (fmt, out_dir, fmt)):
+    out_format = fmt if FORMATS[fmt].vllm_kernel else "bf16"  # an emulated format is an unquantized checkpoint
+    for name, path, engine_format in (("bf16", model_dir, "bf16"), (fmt, out_dir, out_format)):
         engine = RolloutEngine(path, engine_format=engine_format, platform=platform, seed=0,
                                max_model_len=2 ** max_len.bit_length())
         engines[name] = engine.prompt_logprobs(sequences)
+        free_engine(engine)  # one engine at a time
         del engine
     gaps = [abs(a - b) for s1, s2 in zip(engines["bf16"], engines[fmt]) for a, b in zip(s1, s2)]
     return {"how": "vLLM bf16 engine vs vLLM quantized engine", "max": max(gaps), "mean": sum(gaps) / len(gaps)}
 
 
-def save_uaq_checkpoint(model, tokenizer, out_dir: str) -> str:
-    """The (UAQ-rescaled) model as a plain HF folder in its own dtype, written under a temporary name."""
+def save_hf_checkpoint(model, tokenizer, out_dir: str, state_dict=None) -> str:
+    """The model (UAQ-rescaled, or rounded to an emulated grid: `state_dict`) as a plain HF folder in
+    its own dtype, written under a temporary name."""
     tmp_dir = out_dir.rstrip("/") + ".tmp"
     shutil.rmtree(tmp_dir, ignore_errors=True)
-    model.save_pretrained(tmp_dir)
+    model.save_pretrained(tmp_dir, state_dict=state_dict)
     tokenizer.save_pretrained(tmp_dir)
     shutil.rmtree(out_dir, ignore_errors=True)
     os.replace(tmp_dir, out_dir)
@@ -71,8 +83,11 @@ def save_uaq_checkpoint(model, tokenizer, out_dir: str) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF folder or hub id (a causal LM)")
-    parser.add_argument("--fmt", choices=["int8", "fp8", "none"], required=True,
-                        help="quantization format; none: only UAQ, an HF checkpoint in the input's dtype")
+    parser.add_argument("--fmt", choices=["none", *FORMATS], required=True,
+                        help="quantization format; none: only UAQ, an HF checkpoint in the input's dtype; "
+                             "int6 .. int2: weights rounded to that grid (emulated), a float32 HF checkpoint")
+    parser.add_argument("--group", type=int, default=None,
+                        help="int6 .. int2: input columns sharing one scale (0 = per output channel; default 32)")
     parser.add_argument("--uaq-scale", type=float, default=1.0, help="apply UAQ with this s first (1.0 = off)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--check", action="store_true", help="load the result and report the log-prob gap")
@@ -85,19 +100,32 @@ def main(argv=None) -> int:
 
     from qurl_mini.actor import ModelError, load_actor
     from qurl_mini.data import synthetic_splits
-    from qurl_mini.quant import save_quantized_checkpoint
+    from qurl_mini.quant import QuantError, check_group, dequantize, describe, quantized_state, save_quantized_checkpoint
     from qurl_mini.uaq import UAQError, apply_uaq
 
     try:
+        check_output_dir(args.out, "--out")
+        if args.group is not None and args.fmt == "none":
+            raise QuantError("--group needs a quantized --fmt (int6 .. int2)")
         model, tokenizer = load_actor(args.model, dtype="auto" if args.fmt == "none" else torch.float32)
+        if args.fmt != "none":
+            check_group(model, args.fmt, args.group)
         apply_uaq(model, args.uaq_scale)
-    except (ModelError, UAQError) as e:
+    except (ModelError, UAQError, QuantError, PathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     if args.fmt == "none":
-        save_uaq_checkpoint(model, tokenizer, args.out)
+        save_hf_checkpoint(model, tokenizer, args.out)
         print(f"wrote UAQ-rescaled (s={args.uaq_scale:g}) {str(model.dtype).removeprefix('torch.')} HF checkpoint "
               f"(not quantized) to {args.out}")
+    elif not FORMATS[args.fmt].vllm_kernel:
+        _, quantized = quantized_state(model, args.fmt, group=args.group)
+        rounded = {n: dequantize(q, s) for n, (q, s) in quantized.items()}
+        model.config.qurl_emulated_quant = {"fmt": args.fmt, "group": args.group if args.group is not None
+                                            else FORMATS[args.fmt].default_group}
+        save_hf_checkpoint(model, tokenizer, args.out, state_dict={**model.state_dict(), **rounded})
+        print(f"wrote {describe(args.fmt, args.group)} (emulated: weights on the grid, float32 HF checkpoint) "
+              f"to {args.out}")
     else:
         save_quantized_checkpoint(model, tokenizer, args.out, args.fmt)
         print(f"wrote {args.fmt} W8A8 checkpoint (compressed-tensors) to {args.out}")

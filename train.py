@@ -1,12 +1,14 @@
 """Train a policy with RL, rollout on a (quantized) vLLM engine.  `python train.py --help`"""
 import json
 import logging
+import os
 import sys
 
 from qurl_mini.config import parse_args
 from qurl_mini.progress import setup_logging
 
-ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError", "SyncError", "EngineError")
+ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError", "SyncError", "EngineError",
+                   "QuantError", "PathError", "RunDirError", "DiskFullError")
 
 
 def dry_run_report(cfg) -> str:
@@ -30,10 +32,19 @@ def main(argv=None) -> int:
         print(dry_run_report(cfg))
         return 0
     setup_logging()
-    from qurl_mini.trainer import Trainer
+    from qurl_mini.run_dir import exit_code, stop_on_signals, stopped_message
 
     try:
-        summary = Trainer(cfg).run()
+        from qurl_mini.trainer import Trainer
+
+        with stop_on_signals(), Trainer(cfg) as trainer:  # SIGINT/SIGTERM: stop at the next phase's end
+            summary = trainer.run()
+    except KeyboardInterrupt as e:  # a signal (Interrupted), or Ctrl-C before the handlers were set
+        from qurl_mini.checkpoint import newest_loadable
+
+        last, _ = newest_loadable(os.path.join(cfg.out_dir, cfg.run_name))
+        print(stopped_message(e, last, __file__, sys.argv[1:] if argv is None else argv), file=sys.stderr)
+        return exit_code(e)
     except Exception as e:  # the project's own errors are one line; anything else keeps its traceback
         if type(e).__name__ in ONE_LINE_ERRORS:
             print(f"error: {e}", file=sys.stderr)

@@ -20,11 +20,10 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import sys
 import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from runs import REPO, commit, mean_sd, read_run, run, series, test_accuracy_curve
 
 # Table 1 analogue: name -> train.py flags
 TABLE_ROWS = {
@@ -53,44 +52,6 @@ FIG2_GROUPS = {"INT8": ["int8-naive", "int8-tis", "int8-acr"], "INT4 (emulated)"
 UAQ_ROWS = {"s=1": (1.0, 1.0), "s=1.5": (1.5, 1.0), "s=2": (2.0, 1.0), "s=1, lr x1.5": (1.0, 1.5)}
 
 
-def run(out_dir, name, flags, log_dir) -> str:
-    """One train.py run (skipped if its summary exists); returns its folder."""
-    run_dir = os.path.join(out_dir, "runs", name)
-    if os.path.exists(os.path.join(run_dir, "summary.json")):
-        return run_dir
-    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--out-dir", os.path.join(out_dir, "runs"),
-           "--run-name", name, "--cache-dir", os.path.join(REPO, ".cache"), *flags]
-    t0 = time.time()
-    with open(os.path.join(log_dir, f"{name}.log"), "w") as log:
-        proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT)
-    if proc.returncode != 0:
-        raise SystemExit(f"error: run {name} failed (exit {proc.returncode}); see {log.name}")
-    print(f"  {name}: {time.time() - t0:.0f} s", flush=True)
-    return run_dir
-
-
-def read_run(run_dir) -> dict:
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
-    return {"summary": summary, "metrics": rows}
-
-
-def mean_sd(xs):
-    return statistics.mean(xs), (statistics.stdev(xs) if len(xs) > 1 else 0.0)
-
-
-def series(runs, key):
-    """Per step, the mean over seeds of metrics[key] (None where missing)."""
-    steps = [r["step"] for r in runs[0]["metrics"]]
-    out = []
-    for i in range(len(steps)):
-        vals = [r["metrics"][i].get(key) for r in runs if i < len(r["metrics"]) and r["metrics"][i].get(key) is not None]
-        out.append(statistics.mean(vals) if vals else None)
-    return steps, out
-
-
 def plots(table, uaq, out):
     import matplotlib
 
@@ -101,15 +62,8 @@ def plots(table, uaq, out):
     # learning curves: greedy test accuracy (start, every --eval-every, end) per row, mean over seeds
     fig, axes = plt.subplots(1, 2, figsize=(13, 4.5))
     for name, runs in table.items():
-        evals = {}
-        for r in runs:
-            evals.setdefault(0, []).append(r["summary"]["initial_test_accuracy"])
-            for m in r["metrics"]:
-                if m.get("test_accuracy") is not None:
-                    evals.setdefault(m["step"], []).append(m["test_accuracy"])
-        xs = sorted(evals)
         style = "--" if name.startswith("int4") else (":" if name.startswith("fp8") else "-")
-        axes[0].plot(xs, [statistics.mean(evals[x]) for x in xs], style, marker="o", ms=3, label=name)
+        axes[0].plot(*test_accuracy_curve(runs), style, marker="o", ms=3, label=name)
         steps, reward = series(runs, "reward_mean")
         axes[1].plot(steps, reward, style, label=name)
     axes[0].set_title("greedy test accuracy (mean over seeds)")
@@ -219,7 +173,6 @@ def main(argv=None) -> int:
         args.seeds, args.only, args.steps, args.eval_size, args.prompts_per_step = [0], ["bf16", "int8-acr"], 2, 10, 4
         args.uaq_steps = 2
     rows = args.only or list(TABLE_ROWS)
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True).stdout.strip()
     work = args.out + "_work"
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     common = ["--algo", "grpo", "--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
@@ -247,7 +200,7 @@ def main(argv=None) -> int:
     from qurl_mini.hardware import describe_cpu
 
     md = [f"# Replay of the paper's comparisons at toy scale\n\nMade by `python experiments/replay.py "
-          f"{' '.join(argv if argv is not None else sys.argv[1:])}` at commit {commit or '?'} in "
+          f"{' '.join(argv if argv is not None else sys.argv[1:])}` at commit {commit()} in "
           f"{(time.time() - t0) / 60:.0f} min (runs already on disk are reused) on {describe_cpu()}.\n{settings}.\n",
           "## Table 1 analogue\n", table_markdown(table, args), ""]
     if uaq:

@@ -7,19 +7,14 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from .batch import micro_batch_slices
-
-
-class ModelError(ValueError):
-    """--model cannot be used; the message is one line."""
+from .paths import ModelError, check_model_dir, first_line
 
 
 def load_actor(model: str, dtype=torch.float32):
     """(model, tokenizer) from a hub id or a local folder, with one-line errors."""
     from transformers import AutoConfig, AutoModelForCausalLM
 
-    looks_like_path = model.startswith((".", "/", "~")) or model.count("/") > 1 or os.path.exists(model)
-    if looks_like_path and not os.path.isdir(os.path.expanduser(model)):
-        raise ModelError(f"--model {model}: no such folder")
+    check_model_dir(model)  # a local folder: its config and weights are there and whole
     try:
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as e:
@@ -30,7 +25,10 @@ def load_actor(model: str, dtype=torch.float32):
     if config.model_type not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES or (
             config.architectures and not causal_classes & set(config.architectures)):
         raise ModelError(f"--model {model}: a {config.model_type!r} model {config.architectures} is not a causal LM")
-    tokenizer = load_tokenizer(model)
+    try:
+        tokenizer = load_tokenizer(model)
+    except Exception as e:  # missing or damaged tokenizer files: transformers/tokenizers raise many kinds
+        raise ModelError(f"--model {model}: the tokenizer cannot be read ({first_line(e)})") from None
     if tokenizer.eos_token_id is None:
         raise ModelError(f"--model {model}: the tokenizer has no EOS token, so responses could never end")
     if tokenizer.pad_token_id is None:

@@ -4,8 +4,12 @@ Layout of runs/<name>/checkpoints/step-000020/:
     actor/ (HF folder, safetensors)   critic.safetensors (PPO)   optimizer.pt   rng.safetensors
     trainer_state.json (step, data cursor, counters, config, UAQ scale, scheduler)   COMPLETE
 A folder is written under a temporary name and renamed when complete; one without the
-COMPLETE marker (a crash mid-write) is never loaded.
+COMPLETE marker (a crash mid-write) is never loaded. One whose files are damaged all the same
+(a truncated file after a crash of the machine) is skipped on resume for the next older one.
+A full disk during a save removes the temporary folder and says how much space was needed.
 """
+import contextlib
+import errno
 import glob
 import json
 import os
@@ -15,7 +19,14 @@ import shutil
 import torch
 from safetensors.torch import load_file, save_file
 
+from .paths import first_line, safetensors_problem
+
 MARKER = "COMPLETE"
+DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class DiskFullError(OSError):
+    """A save ran out of disk space (or over the file-size limit); the message is one line."""
 
 
 def checkpoint_dir(run_dir: str) -> str:
@@ -24,29 +35,84 @@ def checkpoint_dir(run_dir: str) -> str:
 
 def save_checkpoint(run_dir: str, step: int, *, actor, tokenizer, critic, optimizers: dict,
                     schedulers: dict, trainer_state: dict, keep: int) -> str:
-    root = checkpoint_dir(run_dir)
-    final = os.path.join(root, f"step-{step:06d}")
-    tmp = f"{final}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    os.makedirs(tmp)
-    actor.save_pretrained(os.path.join(tmp, "actor"), safe_serialization=True)
-    tokenizer.save_pretrained(os.path.join(tmp, "actor"))
-    if critic is not None:
-        save_file({k: v.contiguous() for k, v in critic.state_dict().items()}, os.path.join(tmp, "critic.safetensors"))
-    torch.save({name: opt.state_dict() for name, opt in optimizers.items()}, os.path.join(tmp, "optimizer.pt"))
-    save_file({"torch": torch.get_rng_state()}, os.path.join(tmp, "rng.safetensors"))
-    state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()),
-                 schedulers={name: s.state_dict() for name, s in schedulers.items()})
-    with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
-        json.dump(state, f, indent=1)
-    with open(os.path.join(tmp, MARKER), "w") as f:
-        f.write(str(step))
-    if os.path.exists(final):
-        shutil.rmtree(final)
-    os.replace(tmp, final)
+    final = os.path.join(checkpoint_dir(run_dir), f"step-{step:06d}")
+    optimizer_states = {name: opt.state_dict() for name, opt in optimizers.items()}
+    size = tensor_bytes(actor.state_dict(), critic.state_dict() if critic is not None else {}, optimizer_states)
+    with written_atomically(final, size) as tmp:
+        actor.save_pretrained(os.path.join(tmp, "actor"), safe_serialization=True)
+        tokenizer.save_pretrained(os.path.join(tmp, "actor"))
+        if critic is not None:
+            save_file({k: v.contiguous() for k, v in critic.state_dict().items()},
+                      os.path.join(tmp, "critic.safetensors"))
+        torch.save(optimizer_states, os.path.join(tmp, "optimizer.pt"))
+        save_file({"torch": torch.get_rng_state()}, os.path.join(tmp, "rng.safetensors"))
+        state = dict(trainer_state, step=step, python_rng=_jsonable(random.getstate()),
+                     schedulers={name: s.state_dict() for name, s in schedulers.items()})
+        with open(os.path.join(tmp, "trainer_state.json"), "w") as f:
+            json.dump(state, f, indent=1)
+        with open(os.path.join(tmp, MARKER), "w") as f:
+            f.write(str(step))
     for old in complete_checkpoints(run_dir)[:-keep]:
         shutil.rmtree(old, ignore_errors=True)
     return final
+
+
+def save_model(folder: str, actor, tokenizer) -> str:
+    """The actor as a plain HF folder (the run's final model), written atomically like a checkpoint."""
+    with written_atomically(folder, tensor_bytes(actor.state_dict())) as tmp:
+        actor.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+    return folder
+
+
+@contextlib.contextmanager
+def written_atomically(folder: str, size: int):
+    """Yields a temporary folder that becomes `folder` when the block ends; on any failure (an interrupt too)
+    it is removed, and a full disk becomes one DiskFullError line naming `folder` and the space it needs."""
+    tmp = f"{folder}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        os.makedirs(tmp)
+        yield tmp
+    except BaseException as e:
+        shutil.rmtree(tmp, ignore_errors=True)
+        if is_disk_full(e):
+            free = shutil.disk_usage(os.path.dirname(tmp)).free
+            raise DiskFullError(f"disk full writing {folder}: it needs about {_size(size)}, {_size(free)} free "
+                                f"there ({first_line(e)}); free some space and run again with --resume") from None
+        raise
+    if os.path.exists(folder):
+        shutil.rmtree(folder)
+    os.replace(tmp, folder)
+
+
+def is_disk_full(e: BaseException | None) -> bool:
+    """ENOSPC/EFBIG/EDQUOT, also where a library kept only the message (safetensors' 'os error 28', torch's
+    zip writer's 'unexpected pos' of a short write)."""
+    while e is not None:
+        if isinstance(e, OSError) and e.errno in DISK_FULL_ERRNOS:
+            return True
+        if "unexpected pos" in str(e) or any(f"(os error {n})" in str(e) for n in DISK_FULL_ERRNOS):
+            return True
+        e = e.__cause__ or e.__context__
+    return False
+
+
+def tensor_bytes(*states) -> int:
+    """Bytes of all tensors in nested dicts/lists (a state dict, an optimizer's): a save's size, about."""
+    total = 0
+    for x in states:
+        if isinstance(x, torch.Tensor):
+            total += x.numel() * x.element_size()
+        elif isinstance(x, dict):
+            total += tensor_bytes(*x.values())
+        elif isinstance(x, (list, tuple)):
+            total += tensor_bytes(*x)
+    return total
+
+
+def _size(n: int) -> str:
+    return f"{n / 2 ** 30:.1f} GiB" if n >= 2 ** 30 else f"{n / 2 ** 20:.1f} MiB"
 
 
 def complete_checkpoints(run_dir: str) -> list[str]:
@@ -62,6 +128,39 @@ def latest_checkpoint(path: str) -> str | None:
         return path
     found = complete_checkpoints(path)
     return found[-1] if found else None
+
+
+def newest_loadable(path: str) -> tuple[str | None, list[tuple[str, str]]]:
+    """(the newest complete checkpoint whose files load, [(newer one skipped, why)]) in a run folder,
+    or of `path` itself when it is a checkpoint."""
+    candidates = [path] if os.path.isfile(os.path.join(path, MARKER)) else complete_checkpoints(path)[::-1]
+    skipped = []
+    for ckpt in candidates:
+        problem = damage(ckpt)
+        if problem is None:
+            return ckpt, skipped
+        skipped.append((ckpt, problem))
+    return None, skipped
+
+
+def damage(ckpt: str) -> str | None:
+    """Why a complete checkpoint cannot be loaded (a truncated or unreadable file), or None. Reads only
+    headers: safetensors headers, the JSON files, the optimizer state memory-mapped."""
+    for path in sorted(glob.glob(os.path.join(ckpt, "**", "*.safetensors"), recursive=True)):
+        problem = safetensors_problem(path)
+        if problem:
+            return f"{os.path.relpath(path, ckpt)}: {problem}"
+    for path in sorted(glob.glob(os.path.join(ckpt, "**", "*.json"), recursive=True)):
+        try:
+            with open(path) as f:
+                json.load(f)
+        except (OSError, ValueError) as e:
+            return f"{os.path.relpath(path, ckpt)}: {first_line(e)}"
+    try:
+        torch.load(os.path.join(ckpt, "optimizer.pt"), weights_only=True, mmap=True)
+    except Exception as e:  # missing, truncated (no zip central directory) or not a torch file
+        return f"optimizer.pt: {first_line(e)}"
+    return None
 
 
 def load_trainer_state(ckpt: str) -> dict:

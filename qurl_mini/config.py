@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 from .algorithms import ALGORITHMS
 from .loss import AGGREGATIONS, OBJECTIVES
+from .quant import FORMATS
 
 BASE_DEFAULTS = dict(clip_low=0.2, clip_high=0.2, kl_coef=1e-3, loss_agg="seq-mean-token-mean")
 
@@ -23,9 +24,11 @@ def _f(default, help, **kw):
 class Config:
     # what to train
     algo: Literal[tuple(ALGORITHMS)] = _f("grpo", "RL algorithm: GRPO, PPO (critic + GAE) or DAPO")
-    quant: Literal["none", "int8", "fp8", "int4"] = _f(
-        "none", "rollout engine precision: unquantized (none), W8A8 INT8 or FP8; int4 = weights 4-bit per group "
-                "of 32, emulated: a stress format beyond the paper")
+    quant: Literal[("none", *FORMATS)] = _f(
+        "none", "rollout engine precision: unquantized (none), W8A8 INT8 or FP8 (the paper); int6 .. int2 = the "
+                "mismatch dial beyond the paper: weights only, emulated (rounded to the grid, run unquantized)")
+    quant_group: Optional[int] = _f(None, "input columns sharing one weight scale for int6 .. int2 (0 = one scale "
+                                          "per output channel; default 32); int8 / fp8 are per channel")
     objective: Optional[str] = _f(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
                                         "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL). Default: acr if --quant, else ppo")
     model: Optional[str] = _f(None, "HF hub id or local folder of a causal LM; default: the embedded tiny "
@@ -111,7 +114,8 @@ class Config:
         if self.teacher_slip is None and self.data == "synthetic":
             self.teacher_slip = 0.55
         if self.run_name is None:
-            self.run_name = f"{self.algo}-{self.quant}" + (f"-{self.objective}" if self.quant != "none" else "")
+            grid = "" if self.quant_group is None else f"g{self.quant_group}"
+            self.run_name = f"{self.algo}-{self.quant}{grid}" + (f"-{self.objective}" if self.quant != "none" else "")
         self.validate()
 
     def validate(self) -> None:
@@ -122,6 +126,12 @@ class Config:
         for name in ("algo", "quant", "engine_dtype", "prompt_format"):  # Literal choices are checked by argparse, but not in code
             choices = self.__dataclass_fields__[name].type.__args__
             need(getattr(self, name) in choices, f"--{name} {getattr(self, name)!r}: choose from {choices}")
+        need(self.quant_group is None or self.quant != "none", "--quant-group needs a quantized --quant (int6 .. int2)")
+        need(self.quant_group is None or self.quant_group >= 0,
+             f"--quant-group must be >= 0 (0 = one scale per output channel), got {self.quant_group}")
+        need(self.quant_group in (None, 0) or self.quant not in FORMATS or not FORMATS[self.quant].vllm_kernel,
+             f"--quant {self.quant} is vLLM's W8A8 kernel, per output channel: --quant-group must be 0, "
+             f"got {self.quant_group}")
         need(self.objective in OBJECTIVES, f"--objective {self.objective!r}: choose from {OBJECTIVES}")
         need(self.loss_agg in AGGREGATIONS, f"--loss-agg {self.loss_agg!r}: choose from {AGGREGATIONS}")
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",

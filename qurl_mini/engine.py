@@ -39,24 +39,23 @@ class Platform:
     def engine_format(self, quant_fmt: str) -> str:
         """What the engine really runs: 'bf16' (unquantized, any dtype), 'int8', 'fp8', or an
         '-emulated' format: weights rounded to the format's grid, run in an unquantized engine."""
-        if quant_fmt == "fp8" and not self.fp8_kernel:
-            return "fp8-emulated"
-        return {"none": "bf16", "int4": "int4-emulated"}.get(quant_fmt, quant_fmt)
+        if quant_fmt == "none":
+            return "bf16"
+        if not quant.FORMATS[quant_fmt].vllm_kernel or (quant_fmt == "fp8" and not self.fp8_kernel):
+            return f"{quant_fmt}-emulated"
+        return quant_fmt
 
-    def resolve_format(self, quant_fmt: str) -> str:
+    def resolve_format(self, quant_fmt: str, group: int | None = None) -> str:
         """`engine_format`, saying once when the engine has to emulate what was asked for."""
         engine_format = self.engine_format(quant_fmt)
-        if engine_format in EMULATION_NOTES:
-            log.warning(EMULATION_NOTES[engine_format])
+        if engine_format == "fp8-emulated":
+            log.warning("FP8: no FP8 kernel on this machine; the rollout engine EMULATES FP8 "
+                        "(weights rounded to e4m3 with per-channel scales, computed unquantized)")
+        elif engine_format.endswith("-emulated"):
+            log.warning("%s (a mismatch-dial format beyond the paper): the rollout engine EMULATES it (weights "
+                        "rounded to %s, computed unquantized; not faster)",
+                        quant_fmt.upper(), quant.describe(quant_fmt, group))
         return engine_format
-
-
-EMULATION_NOTES = {
-    "fp8-emulated": "FP8: no FP8 kernel on this machine; the rollout engine EMULATES FP8 "
-                    "(weights rounded to e4m3 with per-channel scales, computed unquantized)",
-    "int4-emulated": f"INT4 (a stress format beyond the paper): the rollout engine EMULATES it (weights rounded "
-                     f"to 4 bits per group of {quant.INT4_GROUP} columns, computed unquantized; not faster)",
-}
 
 
 class EngineError(RuntimeError):
@@ -74,12 +73,15 @@ class Rollout:
 
 class RolloutEngine:
     def __init__(self, model_dir: str, *, engine_format: str, platform: Platform, seed: int,
-                 max_model_len: int, dtype: str = "auto", kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3):
+                 max_model_len: int, dtype: str = "auto", kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3,
+                 quant_group: int | None = None):
         from vllm import LLM
 
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":  # weight sync passes tensors by reference
             raise EngineError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0: the weight sync needs the engine in this process")
         self.engine_format, self.platform, self.max_model_len = engine_format, platform, max_model_len
+        fmt = engine_format.removesuffix("-emulated")
+        self.quant_group = quant.resolve_group(fmt, quant_group) if fmt != "bf16" else 0  # grid of emulated formats
         self.dtype = platform.engine_dtype(dtype)
         kwargs = dict(model=model_dir, dtype=self.dtype, seed=seed, enforce_eager=True,
                       max_model_len=max_model_len, logprobs_mode="processed_logprobs")
@@ -92,18 +94,23 @@ class RolloutEngine:
 
     @classmethod
     def from_actor(cls, actor, tokenizer, out_dir: str, *, quant_fmt: str, platform: Platform, dtype: str = "auto",
-                   **engine_kwargs):
-        """Write the actor in the engine's checkpoint format ('none', 'int8', 'fp8') under out_dir and
-        start vLLM on it. Returns (engine, {weight name: (codes, scale)} of the start weights)."""
-        engine_format, dtype = platform.resolve_format(quant_fmt), platform.engine_dtype(dtype)
+                   quant_group: int | None = None, **engine_kwargs):
+        """Write the actor in the engine's checkpoint format ('none', a real W8A8 format, or an emulated one
+        rounded to its grid) under out_dir and start vLLM on it.
+        Returns (engine, {weight name: (codes, scale)} of the start weights)."""
+        if quant_fmt != "none":
+            quant.check_group(actor, quant_fmt, quant_group)
+        engine_format, dtype = platform.resolve_format(quant_fmt, quant_group), platform.engine_dtype(dtype)
         path = os.path.join(out_dir, f"engine-init-{engine_format}")
-        pairs, quantized = checkpoint_tensors(actor, engine_format, getattr(torch, dtype))
+        pairs, quantized = checkpoint_tensors(actor, engine_format, getattr(torch, dtype), quant_group)
         if engine_format in ("int8", "fp8"):
             quant.save_quantized_checkpoint(actor, tokenizer, path, engine_format, pairs)
         else:  # an unquantized engine; for emulated formats its weights are already on the grid
             actor.save_pretrained(path, state_dict=dict(pairs), safe_serialization=True)
             tokenizer.save_pretrained(path)
-        return cls(path, engine_format=engine_format, platform=platform, dtype=dtype, **engine_kwargs), quantized
+        engine = cls(path, engine_format=engine_format, platform=platform, dtype=dtype, quant_group=quant_group,
+                     **engine_kwargs)
+        return engine, quantized
 
     @property
     def model(self):
@@ -147,11 +154,12 @@ class RolloutEngine:
         if self.engine_format == "bf16":
             return contextlib.nullcontext(actor)
         fmt = self.engine_format.removesuffix("-emulated")
-        return quant.fake_quantized(actor, fmt, activations=not self.engine_format.endswith("-emulated"))
+        return quant.fake_quantized(actor, fmt, activations=not self.engine_format.endswith("-emulated"),
+                                    group=self.quant_group)
 
     def checkpoint_tensors(self, actor):
         """The actor's weights in this engine's format, and {name: (codes, scale)} (see below)."""
-        return checkpoint_tensors(actor, self.engine_format, getattr(torch, self.dtype))
+        return checkpoint_tensors(actor, self.engine_format, getattr(torch, self.dtype), self.quant_group)
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Push checkpoint-format tensors into the live engine, in place (waking it first on CUDA)."""
@@ -192,11 +200,12 @@ class RolloutEngine:
             self.asleep = True
 
 
-def checkpoint_tensors(actor, engine_format: str, dtype=torch.bfloat16):
+def checkpoint_tensors(actor, engine_format: str, dtype=torch.bfloat16, group: int | None = None):
     """Checkpoint-format tensors for the engine (unquantized ones as `dtype`) and
     {name: (codes, scale)} (empty for an unquantized engine)."""
     if engine_format == "bf16":
         return [(n, t.detach().to(dtype)) for n, t in actor.state_dict().items()], {}
     if engine_format.endswith("-emulated"):
-        return quant.quantized_state(actor, engine_format.removesuffix("-emulated"), dtype=dtype, emulate=True)
+        return quant.quantized_state(actor, engine_format.removesuffix("-emulated"), dtype=dtype, emulate=True,
+                                     group=group)
     return quant.quantized_state(actor, engine_format, dtype=dtype)

@@ -156,8 +156,8 @@ def engine_max_model_len(tokenizer, problems: list[Problem], max_new_tokens: int
 def start_engine(actor, tokenizer, problems: list[Problem], max_new_tokens: int, *, quant_fmt: str = "none",
                  dtype: str = "auto", seed: int = 0, platform=None, out_dir: str | None = None,
                  prompts: PromptBuilder | None = None, **engine_kwargs):
-    """A `RolloutEngine` on the actor ('none' = unquantized, 'int8', 'fp8' as the quantized sampler
-    sees it), sized for these problems. Its checkpoint goes to out_dir (default: a temp dir that
+    """A `RolloutEngine` on the actor ('none' = unquantized, or a `quant.FORMATS` name as the quantized
+    sampler sees it; engine_kwargs: quant_group, ...), sized for these problems. Its checkpoint goes to out_dir (default: a temp dir that
     is removed once vLLM has loaded it). Returns the engine."""
     from .engine import Platform, RolloutEngine
 

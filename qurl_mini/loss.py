@@ -128,6 +128,21 @@ def surrogate_stats(surrogate: ClippedSurrogate, A, rho, mask, *, plain_high, ti
     }
 
 
+def sampler_mismatch(prox_logp, behav_logp, mask, tis_cap: float) -> dict:
+    """How far the sampler (pi_behav) and the learner (pi_prox) disagree on the sampled tokens (Sec. 4.2).
+    KL(behav || prox) two ways: k1 = mean log(pi_behav / pi_prox) (unbiased, noisy, can be < 0) and
+    k3 = mean (rho - 1 - log rho) (always >= 0); rho = pi_prox / pi_behav at its extremes; share with rho > C."""
+    present = mask > 0
+    if not present.any():
+        return {"kl_behav_prox": 0.0, "kl_behav_prox_k3": 0.0, "rho_max_step": 1.0, "rho_min_step": 1.0,
+                "rho_over_cap_frac": 0.0}
+    log_rho = (prox_logp - behav_logp)[present].double()
+    return {"kl_behav_prox": (-log_rho).mean().item(),
+            "kl_behav_prox_k3": (log_rho.exp() - 1 - log_rho).mean().item(),
+            "rho_max_step": log_rho.max().exp().item(), "rho_min_step": log_rho.min().exp().item(),
+            "rho_over_cap_frac": (log_rho.exp() > tis_cap).double().mean().item()}
+
+
 def kl_k3(logp, ref_logp):
     """Schulman's k3 estimator of KL(pi_theta || pi_ref), per token, always >= 0."""
     log_ratio = ref_logp - logp

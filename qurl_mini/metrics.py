@@ -1,15 +1,19 @@
 """Per-step metrics: appended to runs/<name>/metrics.jsonl, plotted to PNG at the end."""
 import json
+import logging
 import math
 import os
+
+log = logging.getLogger("qurl_mini")
 
 
 class MetricsLog:
     def __init__(self, path: str, resume_after_step: int | None = None):
-        """On resume, rows past the checkpoint's step are dropped so no step appears twice."""
+        """On resume, rows past the checkpoint's step are dropped so no step appears twice, and so is a
+        line cut short by a process killed mid-write (said in a warning)."""
         self.path = path
         if resume_after_step is not None and os.path.exists(path):
-            kept = [r for r in read_metrics(path) if r["step"] <= resume_after_step]
+            kept = [r for r in read_metrics(path, warn=True) if r["step"] <= resume_after_step]
             with open(path + ".tmp", "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
             os.replace(path + ".tmp", path)
@@ -24,9 +28,21 @@ class MetricsLog:
             os.fsync(f.fileno())
 
 
-def read_metrics(path: str) -> list[dict]:
+def read_metrics(path: str, warn: bool = False) -> list[dict]:
+    """The rows; a line that is not JSON (a write cut short) is left out."""
+    rows, torn = [], []
     with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError:
+                torn.append(number)
+    if torn and warn:
+        log.warning("%s: dropped line %s, cut short (a write interrupted by the end of the process)",
+                    path, ", ".join(map(str, torn)))
+    return rows
 
 
 def plot_metrics(path: str, out_png: str, initial_test_accuracy: float | None = None) -> str:
@@ -47,8 +63,10 @@ def plot_metrics(path: str, out_png: str, initial_test_accuracy: float | None = 
         axes[0].plot(*zip(*evals), "o-", label="greedy test accuracy")
     axes[0].set_title("reward and accuracy")
     axes[0].legend()
-    axes[1].plot(steps, [r.get("kl_behav_prox") for r in rows])
-    axes[1].set_title("KL(behav || prox): engine vs actor")
+    axes[1].plot(steps, [r.get("kl_behav_prox_k3") for r in rows], label="k3 estimator (>= 0)")
+    axes[1].plot(steps, [r.get("kl_behav_prox") for r in rows], ":", label="k1 estimator (unbiased, can be < 0)")
+    axes[1].set_title("KL(behav || prox) per token: engine vs actor")
+    axes[1].legend()
     axes[2].plot(steps, [r.get("clip_frac_upper") for r in rows], label="clipped above (A > 0)")
     axes[2].plot(steps, [-r["clip_frac_lower"] if r.get("clip_frac_lower") is not None else None for r in rows],
                  label="clipped below (A < 0), negated")

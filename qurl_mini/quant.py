@@ -1,49 +1,85 @@
-"""INT8 / FP8 quantization of the actor for rollout (QuRL section 3, Eq. 2).
+"""Quantization of the actor for rollout (QuRL section 3, Eq. 2), and the formats of the mismatch dial.
 
-Weights: symmetric, per output channel, static.  Activations: symmetric, per token, dynamic.
-This matches vLLM's W8A8 kernels and the compressed-tensors checkpoint format they load.
-INT4 (beyond the paper, a stress format that makes the sampler/learner gap visible at toy scale):
-weights only, symmetric per group of INT4_GROUP input columns, always emulated in an unquantized engine.
+INT8 / FP8 (the paper): weights symmetric per output channel, static; activations symmetric per token,
+dynamic. This matches vLLM's W8A8 kernels and the compressed-tensors checkpoint format they load.
+INT6 .. INT2 (beyond the paper): a dial of sampler/learner mismatch. Weights only, symmetric, one scale
+per group of `group` input columns (0 = per output channel), always emulated: the weights are rounded
+to the grid and run in an unquantized engine (the HF actor computes alike with `fake_quantized`).
 """
 import contextlib
 import json
 import os
 import shutil
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
-FORMATS = ("int8", "fp8", "int4")
-QMAX = {"int8": 127.0, "fp8": 448.0, "int4": 7.0}  # largest code: int8, float8_e4m3fn, int4
-INT4_GROUP = 32  # input columns sharing one int4 scale
 EPS = 1e-12  # keeps the scale of an all-zero row finite
 
 
-def _to_codes(x_over_scale: torch.Tensor, fmt: str) -> torch.Tensor:
-    if fmt == "int8":
-        return torch.round(x_over_scale).clamp(-128, 127).to(torch.int8)
-    if fmt == "int4":  # held in int8 storage
-        return torch.round(x_over_scale).clamp(-8, 7).to(torch.int8)
-    if fmt == "fp8":
-        return x_over_scale.clamp(-448.0, 448.0).to(torch.float8_e4m3fn)
-    raise ValueError(f"unknown quantization format {fmt!r}; choose from {FORMATS}")
+@dataclass(frozen=True)
+class QuantFormat:
+    """A rollout format: its code range, and whether vLLM runs it as a real W8A8 kernel."""
+    qmax: float  # largest code (the scale maps amax(|w|) here)
+    qmin: float  # smallest code
+    vllm_kernel: bool  # True: W8A8 (weights per channel, activations per token); False: emulated, weights only
+    default_group: int  # input columns sharing one weight scale; 0 = one scale per output channel
+    float_codes: bool = False  # fp8 e4m3 instead of integers
+
+    def to_codes(self, x_over_scale: torch.Tensor) -> torch.Tensor:
+        if self.float_codes:
+            return x_over_scale.clamp(self.qmin, self.qmax).to(torch.float8_e4m3fn)
+        return torch.round(x_over_scale).clamp(self.qmin, self.qmax).to(torch.int8)  # int2..int8 in int8 storage
 
 
-def quantize_weight(w: torch.Tensor, fmt: str):
-    """(q, scale) for a [out, in] weight: scale = amax(|w|, dim=1) / qmax, shape [out, 1], float32
-    (int4: one scale per group of INT4_GROUP columns, shape [out, in / INT4_GROUP])."""
-    if fmt not in QMAX:
-        raise ValueError(f"unknown quantization format {fmt!r}; choose from {FORMATS}")
+def _int_format(bits: int, **kw) -> QuantFormat:
+    return QuantFormat(qmax=2.0 ** (bits - 1) - 1, qmin=-2.0 ** (bits - 1), **kw)
+
+
+FORMATS = {
+    "int8": _int_format(8, vllm_kernel=True, default_group=0),
+    "fp8": QuantFormat(qmax=448.0, qmin=-448.0, vllm_kernel=True, default_group=0, float_codes=True),
+    **{f"int{bits}": _int_format(bits, vllm_kernel=False, default_group=32) for bits in (6, 5, 4, 3, 2)},
+}
+QMAX = {name: f.qmax for name, f in FORMATS.items()}
+
+
+class QuantError(ValueError):
+    """A quantization setting that does not fit the model; the message is one line."""
+
+
+def _format(fmt: str) -> QuantFormat:
+    if fmt not in FORMATS:
+        raise QuantError(f"unknown quantization format {fmt!r}; choose from {tuple(FORMATS)}")
+    return FORMATS[fmt]
+
+
+def resolve_group(fmt: str, group: int | None) -> int:
+    """--quant-group as used: the format's default when not given."""
+    return _format(fmt).default_group if group is None else group
+
+
+def describe(fmt: str, group: int | None = None) -> str:
+    """E.g. 'int3, per output channel' or 'int2, groups of 32' (for logs and tables)."""
+    group = resolve_group(fmt, group)
+    return f"{fmt}, " + (f"groups of {group}" if group else "per output channel")
+
+
+def quantize_weight(w: torch.Tensor, fmt: str, group: int | None = None):
+    """(q, scale) for a [out, in] weight: scale = amax(|w|) / qmax per output channel, shape [out, 1],
+    float32 (group > 0: per group of `group` input columns, shape [out, in / group])."""
+    spec, group = _format(fmt), resolve_group(fmt, group)
     w = w.detach().float()
-    if fmt == "int4":
+    if group:
         out, cols = w.shape
-        if cols % INT4_GROUP:
-            raise ValueError(f"int4: {cols} input columns are not a multiple of the group size {INT4_GROUP}")
-        groups = w.view(out, cols // INT4_GROUP, INT4_GROUP)
-        scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / QMAX[fmt]
-        return _to_codes(groups / scale, fmt).view(out, cols), scale.squeeze(-1)
-    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=EPS) / QMAX[fmt]
-    return _to_codes(w / scale, fmt), scale
+        if cols % group:
+            raise QuantError(f"{fmt}: {cols} input columns are not a multiple of the group size {group}")
+        groups = w.view(out, cols // group, group)
+        scale = groups.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / spec.qmax
+        return spec.to_codes(groups / scale).view(out, cols), scale.squeeze(-1)
+    scale = w.abs().amax(dim=1, keepdim=True).clamp(min=EPS) / spec.qmax
+    return spec.to_codes(w / scale), scale
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -56,14 +92,15 @@ def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
 def quantize_activation(x: torch.Tensor, fmt: str):
     """Per-token dynamic quantization of [..., in] activations: one scale per row."""
     x = x.float()
-    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / QMAX[fmt]
-    return _to_codes(x / scale, fmt), scale
+    spec = _format(fmt)
+    scale = x.abs().amax(dim=-1, keepdim=True).clamp(min=EPS) / spec.qmax
+    return spec.to_codes(x / scale), scale
 
 
-def fake_quant_linear(x, weight, bias, fmt, activations: bool = True):
+def fake_quant_linear(x, weight, bias, fmt, activations: bool = True, group: int | None = None):
     """What a W8A8 kernel computes, in float: Q(x) @ Q(W)^T + b (activations=False: x @ Q(W)^T + b)."""
     x_hat = dequantize(*quantize_activation(x, fmt)) if activations else x.float()
-    w_hat = dequantize(*quantize_weight(weight, fmt))
+    w_hat = dequantize(*quantize_weight(weight, fmt, group))
     out = F.linear(x_hat, w_hat, None if bias is None else bias.float())
     return out.to(x.dtype)
 
@@ -74,14 +111,28 @@ def quant_target_names(model) -> list[str]:
             if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}" and "lm_head" not in name]
 
 
+def check_group(model, fmt: str, group: int | None) -> None:
+    """One line if a group size does not divide the input columns of every decoder projection."""
+    group = resolve_group(fmt, group)
+    if group < 0:
+        raise QuantError(f"--quant-group must be >= 0 (0 = one scale per output channel), got {group}")
+    if group and FORMATS[fmt].vllm_kernel:
+        raise QuantError(f"--quant {fmt} is vLLM's W8A8 kernel, per output channel: --quant-group must be 0, got {group}")
+    columns = {model.get_submodule(n).in_features for n in quant_target_names(model)}
+    if group and any(c % group for c in columns):
+        fitting = [g for g in (8, 16, 32, 64, 128, 256) if all(c % g == 0 for c in columns)]
+        raise QuantError(f"--quant-group {group} does not divide the decoder projections' input columns "
+                         f"{sorted(columns)}; use 0 (per output channel) or one of {fitting}")
+
+
 @contextlib.contextmanager
-def fake_quantized(model, fmt: str, activations: bool = True):
+def fake_quantized(model, fmt: str, activations: bool = True, group: int | None = None):
     """Inside the block the HF model computes like the W8A8 engine (weights and activations;
     activations=False: weights only, like an engine that emulates the format)."""
     modules = [model.get_submodule(n) for n in quant_target_names(model)]
     originals = [m.forward for m in modules]
     for m in modules:
-        m.forward = (lambda mod: lambda x: fake_quant_linear(x, mod.weight, mod.bias, fmt, activations))(m)
+        m.forward = (lambda mod: lambda x: fake_quant_linear(x, mod.weight, mod.bias, fmt, activations, group))(m)
     try:
         yield model
     finally:
@@ -92,17 +143,17 @@ def fake_quantized(model, fmt: str, activations: bool = True):
 # ----- checkpoint format (compressed-tensors) --------------------------------------------------
 
 
-def quantized_state(model, fmt: str, dtype=torch.bfloat16, emulate: bool = False):
+def quantized_state(model, fmt: str, dtype=torch.bfloat16, emulate: bool = False, group: int | None = None):
     """(name, tensor) pairs in checkpoint format: `*.weight` codes + `*.weight_scale` for each
     decoder projection, everything else as `dtype`. Also returns {name: (codes, scale)}.
-    emulate=True instead gives those weights rounded to the grid, as `dtype` (FP8 emulation)."""
+    emulate=True instead gives those weights rounded to the grid, as `dtype` (the emulated formats)."""
     targets = {f"{n}.weight" for n in quant_target_names(model)}
     pairs, quantized = [], {}
     for name, tensor in model.state_dict().items():
         if name not in targets:
             pairs.append((name, tensor.detach().to(dtype)))
             continue
-        q, scale = quantized[name] = quantize_weight(tensor, fmt)
+        q, scale = quantized[name] = quantize_weight(tensor, fmt, group)
         if emulate:
             pairs.append((name, dequantize(q, scale).to(dtype)))
         else:

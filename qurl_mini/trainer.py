@@ -31,10 +31,12 @@ from .data import Problem, PromptSampler, load_problems, reward
 from .embedded import warm_start
 from .engine import Platform, Rollout, RolloutEngine
 from .evaluate import greedy_accuracy
-from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, value_loss
+from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, sampler_mismatch, value_loss
 from .metrics import MetricsLog, plot_metrics
+from .paths import check_model_dir, check_output_dir
 from .progress import progress_bar
 from .prompts import PromptBuilder
+from .run_dir import RunLock, stop_point
 from .sync_probe import SyncProbe
 from .uaq import apply_uaq
 
@@ -78,10 +80,35 @@ class Samples:
 
 
 class Trainer:
+    """Use as `with Trainer(cfg) as trainer: trainer.run()`: the run folder is this run's until the end."""
+
     def __init__(self, cfg: Config):
         self.cfg = cfg
-        self.algorithm = ALGORITHMS[cfg.algo]  # the one place that looks at --algo
         self.run_dir = os.path.join(cfg.out_dir, cfg.run_name)
+        check_output_dir(self.run_dir, "--out-dir")
+        if cfg.model is None:
+            check_output_dir(cfg.cache_dir, "--cache-dir")
+        else:
+            check_model_dir(cfg.model)
+        self.lock = RunLock(self.run_dir)  # before anything is written there; a second run stops here
+        try:
+            self._set_up(cfg)
+        except BaseException:
+            self.close()
+            raise
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Give the run folder up (the process's end does too)."""
+        self.lock.release()
+
+    def _set_up(self, cfg: Config) -> None:
+        self.algorithm = ALGORITHMS[cfg.algo]  # the one place that looks at --algo
         self.platform = Platform.detect()
 
         self.train_problems, self.test_problems = load_problems(
@@ -123,7 +150,7 @@ class Trainer:
             checkpoint.restore(resume_from, critic=self.critic, optimizers=self.optimizers,
                                schedulers=self.schedulers, state=state)
             log.info("resumed from %s (step %d)", resume_from, self.start_step)
-        os.makedirs(self.run_dir, exist_ok=True)
+        stop_point()  # a SIGINT/SIGTERM while loading: stop before anything is written, and the engine's start
         self.metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"),
                                   resume_after_step=self.start_step if resume_from else None)
         self.monitor = quant.WeightUpdateMonitor()
@@ -144,9 +171,12 @@ class Trainer:
         if self.cfg.resume is None:
             return None
         where = self.run_dir if self.cfg.resume == "latest" else self.cfg.resume
-        found = checkpoint.latest_checkpoint(where)
+        found, damaged = checkpoint.newest_loadable(where)
+        for ckpt, problem in damaged:
+            log.warning("skipping checkpoint %s, it cannot be loaded (%s); %s", ckpt, problem,
+                        f"resuming from {found} instead" if found else "no older one")
         if found is None:
-            raise TrainingError(f"--resume: no complete checkpoint in {where}")
+            raise TrainingError(f"--resume: no {'loadable' if damaged else 'complete'} checkpoint in {where}")
         return found
 
     def _start_engine(self) -> RolloutEngine:
@@ -160,7 +190,8 @@ class Trainer:
                                 f"--max-prompt-tokens")
         max_len = min(2 ** math.ceil(math.log2(longest_prompt + cfg.max_new_tokens + 8)), positions)
         engine, quantized = RolloutEngine.from_actor(
-            self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, platform=self.platform, seed=cfg.seed,
+            self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, quant_group=cfg.quant_group,
+            platform=self.platform, seed=cfg.seed,
             max_model_len=max_len, dtype=cfg.engine_dtype, kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
         if quantized:
             self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
@@ -189,11 +220,13 @@ class Trainer:
     def run(self) -> dict:
         cfg = self.cfg
         summary = {}
+        stop_point()  # a SIGINT/SIGTERM while setting up
         if self.start_step == 0:
             summary["initial_test_accuracy"] = self.evaluate()
             log.info("greedy test accuracy before RL: %.1f%%", 100 * summary["initial_test_accuracy"])
         with progress_bar(f"RL {cfg.algo} / rollout {self.engine.engine_format}", cfg.steps - self.start_step) as advance:
             for step in range(self.start_step + 1, cfg.steps + 1):
+                stop_point()  # between steps: the last checkpoint and metrics are whole
                 row = self.step(step)
                 if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
                     row["test_accuracy"] = self.evaluate()
@@ -201,10 +234,8 @@ class Trainer:
                 if step % cfg.save_every == 0 or step == cfg.steps:
                     self.save(step)
                 advance(f"reward {row['reward_mean']:.2f} acc {row['accuracy']:.2f} "
-                        f"kl(b|p) {row['kl_behav_prox']:.1e} {row['time_step']:.1f}s")
-        final_dir = os.path.join(self.run_dir, "final")
-        self.actor.save_pretrained(final_dir, safe_serialization=True)
-        self.tokenizer.save_pretrained(final_dir)
+                        f"kl(b|p) {row['kl_behav_prox_k3']:.1e} {row['time_step']:.1f}s")
+        final_dir = checkpoint.save_model(os.path.join(self.run_dir, "final"), self.actor, self.tokenizer)
         plot = plot_metrics(self.metrics.path, os.path.join(self.run_dir, "curves.png"),
                             summary.get("initial_test_accuracy"))
         summary.update(final_test_accuracy=self.evaluate(), final_model=final_dir, plot=plot,
@@ -269,17 +300,18 @@ class Trainer:
         return {
             "step": step, "reward_mean": rewards.mean().item(), "accuracy": torch.cat(samples.correct).mean().item(),
             "response_len": mask.sum(-1).mean().item(), **samples.stats, **update_stats,
-            "kl_behav_prox": mismatch,  # the step's KL(behav || prox), not the minibatch average
+            **mismatch,  # over the step's tokens (k1 and k3 KL, rho's extremes), not minibatch averages
             **weight_stats, "time_quantize": time_quantize, **timer.times, "time_step": sum(timer.times.values()),
             "data_cursor": self.sampler.cursor,
         }
 
-    def _check_mismatch(self, behav_logp, prox_logp, mask) -> float:
-        """KL(behav || prox) over the step's tokens (Sec. 4.2); warn once when it is far too large."""
-        mismatch = masked_mean(behav_logp - prox_logp, mask).item()
-        if mismatch > self.cfg.mismatch_warn_kl and not self.mismatch_warned:
-            log.warning("KL(behav||prox) = %.3g exceeds %.3g: the rollout engine and the actor disagree "
-                        "(quantization too coarse, or a broken weight sync?)", mismatch, self.cfg.mismatch_warn_kl)
+    def _check_mismatch(self, behav_logp, prox_logp, mask) -> dict:
+        """The sampler/learner gap over the step's tokens (Sec. 4.2); warn once when it is far too large."""
+        mismatch = sampler_mismatch(prox_logp, behav_logp, mask, self.cfg.tis_cap)
+        kl = mismatch["kl_behav_prox_k3"]
+        if kl > self.cfg.mismatch_warn_kl and not self.mismatch_warned:
+            log.warning("KL(behav||prox) = %.3g (k3) exceeds %.3g: the rollout engine and the actor disagree "
+                        "(quantization too coarse, or a broken weight sync?)", kl, self.cfg.mismatch_warn_kl)
             self.mismatch_warned = True
         return mismatch
 
@@ -414,7 +446,8 @@ class Trainer:
 
 
 class Timer:
-    """with timer("phase"): ... accumulates seconds into timer.times["time_phase"]."""
+    """with timer("phase"): ... accumulates seconds into timer.times["time_phase"]. A phase's end is where a
+    SIGINT/SIGTERM stops the run (the step is dropped; resume redoes it from the last checkpoint)."""
 
     def __init__(self):
         self.times = {}
@@ -424,3 +457,4 @@ class Timer:
         t0 = time.perf_counter()
         yield
         self.times[f"time_{name}"] = self.times.get(f"time_{name}", 0.0) + time.perf_counter() - t0
+        stop_point()

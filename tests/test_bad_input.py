@@ -37,7 +37,10 @@ def one_line_error(err):
 
 @pytest.mark.parametrize("flags, message", [
     (["--algo", "sac"], "argument --algo: invalid choice: 'sac'"),
-    (["--quant", "int2"], "argument --quant: invalid choice: 'int2'"),
+    (["--quant", "int1"], "argument --quant: invalid choice: 'int1'"),
+    (["--quant", "int3", "--quant-group", "-8"], "--quant-group must be >= 0"),
+    (["--quant", "int8", "--quant-group", "32"], "--quant int8 is vLLM's W8A8 kernel, per output channel"),
+    (["--quant-group", "32"], "--quant-group needs a quantized --quant"),
     (["--objective", "grpo"], "--objective 'grpo': choose from"),
     (["--group-size", "1"], "--group-size 1 with --algo grpo"),
     (["--uaq-scale", "0"], "--uaq-scale must be > 0"),
@@ -114,6 +117,12 @@ def test_architecture_uaq_cannot_fold(tmp_path, data_file, capfd):
     build_char_tokenizer().save_pretrained(tmp_path / "gpt2")
     code, err = run_train(["--model", str(tmp_path / "gpt2"), "--data", data_file, "--uaq-scale", "1.5"], capfd)
     assert code == 2 and "UAQ cannot fold GPT2LMHeadModel" in one_line_error(err)
+
+
+def test_quant_group_that_does_not_divide_the_columns(tiny, data_file, capfd):
+    code, err = run_train(["--model", tiny, "--data", data_file, "--quant", "int3", "--quant-group", "48"], capfd)
+    line = one_line_error(err)
+    assert code == 2 and "--quant-group 48 does not divide" in line and "[64, 128]" in line, line
 
 
 def test_resume_without_a_checkpoint(tmp_path, tiny, data_file, capfd):

@@ -133,7 +133,10 @@ def test_uaq_refuses_a_model_it_cannot_fold_naming_the_layer():
 
 
 def test_int4_groups_have_their_own_scale_and_stay_on_the_grid():
-    from qurl_mini.quant import INT4_GROUP, dequantize, quantize_weight
+    from qurl_mini.quant import FORMATS, dequantize, quantize_weight
+
+    INT4_GROUP = FORMATS["int4"].default_group
+    assert INT4_GROUP == 32
 
     torch.manual_seed(0)
     w = torch.randn(6, 4 * INT4_GROUP)
@@ -148,3 +151,52 @@ def test_int4_groups_have_their_own_scale_and_stay_on_the_grid():
     assert err[:, 1:].max() < 0.2 * err[:, 0].max()
     with pytest.raises(ValueError, match="not a multiple of the group size"):
         quantize_weight(torch.randn(4, INT4_GROUP + 1), "int4")
+
+
+@pytest.mark.parametrize("fmt, levels", [("int6", 64), ("int5", 32), ("int4", 16), ("int3", 8), ("int2", 4)])
+@pytest.mark.parametrize("group", [0, 16])
+def test_dial_formats_round_to_their_grid(fmt, levels, group):
+    """b bits: codes in [-2^(b-1), 2^(b-1) - 1], the scale maps each channel's (or group's) amax to the
+    largest code, and round-to-nearest leaves at most half a step: checked against a hand-made grid."""
+    from qurl_mini.quant import dequantize, quantize_weight
+
+    torch.manual_seed(1)
+    w = torch.randn(5, 64)
+    q, scale = quantize_weight(w, fmt, group)
+    qmax = levels // 2 - 1
+    assert q.min() >= -(levels // 2) and q.max() <= qmax
+    cols = group or 64
+    blocks = w.view(5, 64 // cols, cols)
+    expected_scale = blocks.abs().amax(-1) / qmax
+    assert torch.allclose(scale.view(5, -1), expected_scale)
+    # the nearest point of the grid {k * scale : k in [qmin, qmax]}, by brute force
+    grid = torch.arange(-(levels // 2), qmax + 1).float()
+    points = expected_scale[..., None, None] * grid  # [5, blocks, 1, levels]
+    nearest = points.squeeze(-2).gather(-1, (blocks[..., None] - points).abs().argmin(-1))
+    assert torch.allclose(dequantize(q, scale), nearest.view(5, 64), atol=1e-6)
+    assert len(torch.unique(q)) <= levels
+
+
+def test_coarser_dial_formats_disagree_more():
+    """Mean squared rounding error grows as bits fall (per channel), and groups reduce it."""
+    from qurl_mini.quant import dequantize, quantize_weight
+
+    torch.manual_seed(2)
+    w = torch.randn(64, 128)
+    err = {(f, g): (dequantize(*quantize_weight(w, f, g)) - w).pow(2).mean().item()
+           for f in ("int8", "int6", "int5", "int4", "int3", "int2") for g in (0, 32) if not (f == "int8" and g)}
+    per_channel = [err[(f, 0)] for f in ("int8", "int6", "int5", "int4", "int3", "int2")]
+    assert per_channel == sorted(per_channel)
+    assert all(err[(f, 32)] < err[(f, 0)] for f in ("int6", "int5", "int4", "int3", "int2"))
+
+
+def test_check_group_names_the_columns():
+    from qurl_mini.quant import QuantError, check_group
+
+    model = _tiny_model()
+    check_group(model, "int3", 0)
+    check_group(model, "int3", 32)
+    with pytest.raises(QuantError, match="--quant-group 48 does not divide"):
+        check_group(model, "int3", 48)
+    with pytest.raises(QuantError, match="per output channel"):
+        check_group(model, "int8", 32)
