@@ -6,7 +6,9 @@ W8A8 activations, rounded to the engine's grid). Their mean |log-prob gap| per t
 with the gap measured at start, when the engine was loaded from a checkpoint file and so is right
 by construction. A sync that did not land shows up one of two ways:
   - the gap is far beyond that quantization noise (or NaN): the engine computes something else;
-  - the engine agrees clearly better with the actor *before* the update than after it: stale weights.
+  - stale weights: the engine's log-probs did not move since the last check while the actor's did (or
+    it agrees clearly better with the actor *before* the update than after it). The first test still
+    works where the quantization noise is as large as one update (INT8 on AVX2-only CPUs).
 """
 import math
 from dataclasses import dataclass
@@ -29,6 +31,8 @@ class SyncProbe:
     noise_factor: float = 5.0  # a gap this many times the start gap is "far beyond quantization noise"
     noise_floor: float = 1e-3  # ... and at least this (nats per token): the start gap can be ~0 (fp32 engine)
     start_gap: float | None = None
+    engine_last: torch.Tensor | None = None  # both sides' log-probs at the last check (or at start)
+    actor_last: torch.Tensor | None = None
 
     def due(self, step: int) -> bool:
         return self.every > 0 and (step == 1 or step % self.every == 0)
@@ -36,6 +40,7 @@ class SyncProbe:
     def calibrate(self, engine_logp, actor_logp) -> float:
         """The gap of the engine loaded from a checkpoint: quantization noise only."""
         self.start_gap = mean_abs_gap(engine_logp, actor_logp)
+        self.engine_last, self.actor_last = engine_logp, actor_logp
         if not math.isfinite(self.start_gap):
             raise SyncError("the rollout engine's log-probs are not finite right after loading the checkpoint")
         return self.start_gap
@@ -57,4 +62,9 @@ class SyncProbe:
         if gap_before < 0.5 * gap and gap > 2 * self.start_gap:
             raise SyncError(f"{where} but {gap_before:.2e} to the actor before the update: it still holds the old "
                             f"weights)")
+        engine_moved, actor_moved = mean_abs_gap(engine_logp, self.engine_last), mean_abs_gap(actor_after, self.actor_last)
+        if actor_moved > self.noise_floor and engine_moved < 0.2 * actor_moved:
+            raise SyncError(f"{where}; since the last check its log-probs moved {engine_moved:.2e}, the actor's "
+                            f"{actor_moved:.2e}: it still holds the old weights)")
+        self.engine_last, self.actor_last = engine_logp, actor_after
         return {"sync_probe_gap": gap, "sync_probe_gap_before": gap_before}

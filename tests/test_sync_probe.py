@@ -33,6 +33,20 @@ def test_stale_weights_are_caught():
         probe.check(1, ACTOR_BEFORE + NOISE, ACTOR_BEFORE + UPDATE, ACTOR_BEFORE)
 
 
+def test_stale_weights_are_caught_where_quantization_noise_is_as_large_as_an_update():
+    """INT8 on an AVX2-only CPU: the start gap (~0.05 nats) is as large as one step's change, so the gaps alone
+    cannot tell; an engine whose log-probs did not move while the actor's did still holds the old weights."""
+    probe = SyncProbe(sequence=list(range(51)), every=10)
+    loud = 5 * NOISE
+    probe.calibrate(ACTOR_BEFORE + loud, ACTOR_BEFORE)
+    with pytest.raises(SyncError, match="moved 0.00e\\+00, the actor's .*old weights"):
+        probe.check(1, ACTOR_BEFORE + loud, ACTOR_BEFORE + UPDATE, ACTOR_BEFORE)
+    after = ACTOR_BEFORE + UPDATE  # the same noise, but the sync landed: it passes, and the next check compares
+    probe.check(1, after + loud, after, ACTOR_BEFORE)  # with this step's log-probs
+    with pytest.raises(SyncError, match="old weights"):
+        probe.check(10, after + loud, after + UPDATE, after)
+
+
 def test_garbage_and_nan_are_caught():
     probe = calibrated_probe()
     after = ACTOR_BEFORE + UPDATE
