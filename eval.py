@@ -18,11 +18,14 @@ import math
 import os
 import sys
 import time
-import warnings
 
-from qurl_mini.paths import ModelError, PathError, check_model_dir, check_output_file
-from qurl_mini.progress import setup_logging
-from qurl_mini.quant import FORMATS
+from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
+
+if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
+    quiet_third_parties(verbose_requested())
+
+from qurl_mini.paths import ModelError, PathError, check_model_dir, check_output_file  # noqa: E402
+from qurl_mini.quant import FORMATS  # noqa: E402
 
 QUANT_FORMATS = ("none", *FORMATS)
 ENGINE_DTYPES = ("auto", "bfloat16", "float32")
@@ -67,6 +70,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="CUDA engine memory share (nothing else lives on the GPU during evaluation)")
     add("--show", type=int, default=3, help="example responses to print (and save) per model")
     add("--out", default=None, help="write the results as JSON here")
+    add("--verbose", action="store_true", help="show third-party warnings and progress bars (vLLM, torch, "
+                                               "transformers); also QURL_VERBOSE=1. Errors always show")
     return parser
 
 
@@ -289,15 +294,8 @@ def main(argv=None) -> int:
     except (InputError, PathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's CPU start-up warnings are noise here
-    warnings.filterwarnings("ignore", category=FutureWarning, module=r"vllm(\.|$)")
-    setup_logging()
+    setup_logging(verbose_requested(argv))  # --verbose or QURL_VERBOSE=1
     import logging
-
-    import transformers
-
-    logging.getLogger("vllm").setLevel(logging.ERROR)
-    transformers.utils.logging.disable_progress_bar()  # "Loading weights", "Writing model shards"
 
     from qurl_mini.data import DataError, load_problems
     from qurl_mini.engine import Platform

@@ -19,9 +19,13 @@ import os
 import shutil
 import sys
 
-from qurl_mini.paths import PathError, check_output_dir
-from qurl_mini.progress import setup_logging
-from qurl_mini.quant import FORMATS
+from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
+
+if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
+    quiet_third_parties(verbose_requested())
+
+from qurl_mini.paths import PathError, check_output_dir  # noqa: E402
+from qurl_mini.quant import FORMATS  # noqa: E402
 
 
 def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dict:
@@ -91,11 +95,13 @@ def main(argv=None) -> int:
     parser.add_argument("--uaq-scale", type=float, default=1.0, help="apply UAQ with this s first (1.0 = off)")
     parser.add_argument("--out", required=True, help="output folder")
     parser.add_argument("--check", action="store_true", help="load the result and report the log-prob gap")
+    parser.add_argument("--verbose", action="store_true", help="show third-party warnings and progress bars (vLLM, "
+                                                               "torch, transformers); also QURL_VERBOSE=1")
     args = parser.parse_args(argv)
     if args.fmt == "none" and args.uaq_scale == 1.0:
         print("error: --fmt none only applies UAQ: give --uaq-scale s != 1 (1.5 recommended)", file=sys.stderr)
         return 2
-    setup_logging()
+    setup_logging(verbose_requested(argv))  # --verbose or QURL_VERBOSE=1
     import torch
 
     from qurl_mini.actor import ModelError, load_actor

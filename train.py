@@ -3,12 +3,17 @@ import json
 import logging
 import os
 import sys
+import time
 
-from qurl_mini.config import parse_args
-from qurl_mini.progress import setup_logging
+from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
 
-ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError", "SyncError", "EngineError",
-                   "QuantError", "PathError", "RunDirError", "DiskFullError")
+if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
+    quiet_third_parties(verbose_requested())
+
+from qurl_mini.config import parse_args  # noqa: E402
+
+ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError", "SyncError",
+                   "EngineError", "QuantError", "PathError", "RunDirError", "DiskFullError", "TrackerError")
 
 
 def dry_run_report(cfg) -> str:
@@ -26,12 +31,39 @@ def dry_run_report(cfg) -> str:
     return "\n".join(lines)
 
 
+def end_of_run(summary: dict, seconds: float) -> str:
+    """The run's story in a few lines; the config stays in summary.json."""
+    def pct(accuracy):
+        return "-" if accuracy is None else f"{100 * accuracy:.1f}%"
+
+    cfg = summary["config"]
+    steps = f"{cfg['steps']} step{'s' if cfg['steps'] != 1 else ''}"
+    lines = [f"done: {cfg['run_name']}, {steps} ({cfg['algo']}, rollout --quant {cfg['quant']}) "
+             f"in {duration(seconds)}",
+             f"  greedy test accuracy: {pct(summary.get('initial_test_accuracy'))} before RL -> "
+             f"{pct(summary['final_test_accuracy'])} after",
+             f"  metrics      {summary['metrics']}",
+             f"  plot         {summary['plot']}",
+             f"  checkpoints  {summary['checkpoints']}",
+             f"  final model  {summary['final_model']}",
+             f"  summary      {os.path.join(os.path.dirname(summary['metrics']), 'summary.json')} (and the config)"]
+    lines += [f"  {name:12s} {watch}" for name, watch in summary.get("trackers", {}).items()]
+    return "\n".join(lines)
+
+
+def duration(seconds: float) -> str:
+    minutes, s = divmod(round(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h {m:02d}m" if hours else f"{m}m {s:02d}s" if m else f"{s}s"
+
+
 def main(argv=None) -> int:
+    t0 = time.time()
     cfg = parse_args(argv)
     if cfg.dry_run:
         print(dry_run_report(cfg))
         return 0
-    setup_logging()
+    setup_logging(cfg.verbose or verbose_requested(argv))  # or QURL_VERBOSE=1
     from qurl_mini.run_dir import exit_code, stop_on_signals, stopped_message
 
     try:
@@ -50,7 +82,7 @@ def main(argv=None) -> int:
             print(f"error: {e}", file=sys.stderr)
             return 2
         raise
-    logging.getLogger("qurl_mini").info("done: %s", json.dumps(summary, indent=1))
+    logging.getLogger("qurl_mini").info("%s", end_of_run(summary, time.time() - t0))
     return 0
 
 

@@ -8,6 +8,7 @@ from typing import Literal, Optional
 from .algorithms import ALGORITHMS
 from .loss import AGGREGATIONS, OBJECTIVES
 from .quant import FORMATS
+from .trackers import TRACKERS, not_installed
 
 BASE_DEFAULTS = dict(clip_low=0.2, clip_high=0.2, kl_coef=1e-3, loss_agg="seq-mean-token-mean")
 
@@ -103,6 +104,12 @@ class Config:
                 "else float32 (CPUs with AVX2 only emulate bf16)")
     kv_cache_gib: int = _f(1, "CPU engine KV cache (GiB, whole number)")
     gpu_memory_utilization: float = _f(0.3, "CUDA engine memory share (the actor needs the rest)")
+    # watching the run
+    report_to: list[str] = field(default_factory=lambda: ["none"], metadata={"help": (
+        f"experiment trackers, one or more of {tuple(TRACKERS)} (or none): the per-step metrics, test accuracy, "
+        "config and curves.png; docs/tracking.md")})
+    verbose: bool = _f(False, "show third-party warnings and progress bars (vLLM, torch, transformers); also "
+                              "QURL_VERBOSE=1. Errors always show")
 
     def __post_init__(self):
         if self.objective is None:
@@ -113,6 +120,8 @@ class Config:
                 setattr(self, name, default)
         if self.teacher_slip is None and self.data == "synthetic":
             self.teacher_slip = 0.55
+        if isinstance(self.report_to, str):  # a preset's "report_to": "tensorboard"
+            self.report_to = [self.report_to]
         if self.run_name is None:
             grid = "" if self.quant_group is None else f"g{self.quant_group}"
             self.run_name = f"{self.algo}-{self.quant}{grid}" + (f"-{self.objective}" if self.quant != "none" else "")
@@ -168,6 +177,10 @@ class Config:
              f"--teacher-slip must be in [0, 1), got {self.teacher_slip}")
         need(self.overlong_penalty >= 0, f"--overlong-penalty must be >= 0, got {self.overlong_penalty}")
         need(self.mismatch_warn_kl > 0, f"--mismatch-warn-kl must be > 0, got {self.mismatch_warn_kl}")
+        for name in self.report_to:
+            need(name in ("none", *TRACKERS), f"--report-to {name!r}: choose from {('none', *TRACKERS)}")
+        missing = not_installed(self.report_to)  # before any model is loaded
+        need(missing is None, missing)
 
     def to_dict(self) -> dict:
         return asdict(self)

@@ -84,7 +84,9 @@ class RolloutEngine:
         self.quant_group = quant.resolve_group(fmt, quant_group) if fmt != "bf16" else 0  # grid of emulated formats
         self.dtype = platform.engine_dtype(dtype)
         kwargs = dict(model=model_dir, dtype=self.dtype, seed=seed, enforce_eager=True,
-                      max_model_len=max_model_len, logprobs_mode="processed_logprobs")
+                      max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+                      # its "Loading safetensors checkpoint shards" bar goes with its warnings (progress.py)
+                      use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING))
         if platform.cuda:
             kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
         else:  # the CPU engine would otherwise reserve almost all RAM for its KV cache

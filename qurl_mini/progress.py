@@ -1,20 +1,57 @@
-"""Progress bars (rich) and logging set-up shared by the scripts."""
+"""Progress bars (rich), logging set-up and the third parties' output, shared by the scripts."""
+import argparse
 import contextlib
 import logging
+import os
+import warnings
 
 from rich.logging import RichHandler
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
+# Off unless --verbose (or QURL_VERBOSE=1): what the libraries read from the environment when they load.
+# A value set by the user wins.
+QUIET_ENV = {
+    "TORCH_CPP_LOG_LEVEL": "ERROR",  # C++ warnings of torch extensions: vLLM's "[W...] NUMA binding" (read at import)
+    "VLLM_LOGGING_LEVEL": "ERROR",  # vLLM's start-up warnings: thread binding, LD_PRELOAD, torch.set_num_threads
+    "HF_HUB_DISABLE_PROGRESS_BARS": "1",  # transformers' "Loading weights" and "Writing model shards" bars
+    "HF_DATASETS_DISABLE_PROGRESS_BARS": "1",  # "Generating train split"
+    "TRANSFORMERS_VERBOSITY": "error",
+    "WANDB_SILENT": "true",
+}
+THIRD_PARTY_LOGGERS = ("vllm", "transformers", "datasets", "huggingface_hub", "torch", "trackio", "httpx", "urllib3")
 
-def setup_logging(level=logging.INFO) -> None:
-    import os
 
-    # vLLM configures its own logger at import and logs INFO lines every step: warnings only
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
+def verbose_requested(argv=None) -> bool:
+    """--verbose among the flags (default sys.argv[1:]; read before they are parsed, as torch must not be imported
+    yet), or QURL_VERBOSE=1 in the environment."""
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--verbose", nargs="?", const="true", default="false")
+    flag = pre.parse_known_args(argv)[0].verbose
+    return flag.lower() in ("true", "1", "yes") or os.environ.get("QURL_VERBOSE", "0").lower() not in ("", "0", "false")
+
+
+def quiet_third_parties(verbose: bool) -> None:
+    """Third-party warnings and progress bars off unless verbose; errors still show. The scripts call it first,
+    before torch and vLLM are imported (they read their settings then), and setup_logging() again."""
+    if verbose:
+        return
+    for name, value in QUIET_ENV.items():
+        os.environ.setdefault(name, value)
+    warnings.filterwarnings("ignore")  # Python warnings (FutureWarning, UserWarning, ...) of the libraries
+
+
+def setup_logging(verbose: bool = False, level=logging.INFO) -> None:
+    """The run's own lines (logger "qurl_mini") through rich; the libraries' only from ERROR up, unless verbose."""
+    quiet_third_parties(verbose)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # verbose: its INFO lines come every step
     logging.basicConfig(level=level, format="%(message)s", datefmt="[%X]",
                         handlers=[RichHandler(show_path=False, markup=False)], force=True)
-    for noisy in ("vllm", "transformers", "datasets", "httpx", "urllib3"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
+    for name in THIRD_PARTY_LOGGERS:
+        logging.getLogger(name).setLevel(logging.WARNING if verbose else logging.ERROR)
+    if not verbose:  # in case transformers was loaded before the environment said so
+        import transformers
+
+        transformers.utils.logging.disable_progress_bar()
 
 
 @contextlib.contextmanager
