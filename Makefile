@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install verl-env demo test bench replay contrast mismatch clean
+.PHONY: install track verl-env demo test bench replay contrast mismatch clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -43,6 +43,13 @@ $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	touch $@
 
 install: $(VENV)/.installed-$(TARGET)
+
+# the experiment trackers of `train.py --report-to` (docs/tracking.md); the tests read tensorboard's and trackio's
+$(VENV)/.installed-track: requirements-track.txt $(VENV)/.installed-$(TARGET)
+	$(BIN)/pip install -q -r requirements-track.txt || { echo >&2 'install failed: pip could not install requirements-track.txt; check your network'; exit 1; }
+	touch $@
+
+track: $(VENV)/.installed-track
 
 demo: install
 	$(BIN)/python train.py --algo grpo --quant int8
@@ -61,7 +68,7 @@ $(VERL_VENV)/.installed-$(TARGET): pyproject.toml requirements-cpu.txt
 verl-env: $(VERL_VENV)/.installed-$(TARGET)
 
 # tests/test_verl_plugin.py reruns itself inside $(VERL_VENV); QURL_REQUIRE_VERL: fail, not skip, without it
-test: install verl-env
+test: install track verl-env
 	QURL_REQUIRE_VERL=1 $(BIN)/python -m pytest
 
 bench: install
@@ -72,9 +79,10 @@ bench: install
 replay: install
 	$(BIN)/python experiments/replay.py
 
-# BF16 rollout vs naive / TIS / ACR at the format where naive quantized PPO breaks (one seed) -> runs/contrast.png
+# BF16 rollout vs naive / TIS / ACR at the format where naive quantized PPO breaks (one seed) -> runs/contrast.png;
+# on a CPU two runs at a time, each on its own core
 contrast: install
-	$(BIN)/python experiments/mismatch.py --contrast
+	$(BIN)/python experiments/mismatch.py --contrast --parallel $(if $(filter cpu,$(TARGET)),2,1)
 
 # the whole dial (3 formats x 3 objectives + BF16, 3 seeds; runs on disk are reused) -> docs/results/mismatch*
 mismatch: install

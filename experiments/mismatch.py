@@ -147,10 +147,12 @@ def training_markdown(table: dict, stats: dict) -> str:
     bf16 = stats["bf16"]
     lines = ["| rollout | objective | final greedy accuracy (mean ± sd) | per seed | vs BF16 | median KL(behav‖prox) (k3) "
              "| KL, last 10 steps | max rho | rho > C | clipped above / below |", "|---|---|---|---|---|---|---|---|---|---|"]
+    lines[0] = lines[0].replace("| per seed |", "| per seed (seeds) |")
     for row, s in stats.items():
-        fmt, objective = ("BF16", "PPO-clip (Eq. 1)") if row == "bf16" else (row.split("-")[0], OBJECTIVES[row.split("-")[1]])
+        fmt, objective = ("none (BF16 row)", "PPO-clip (Eq. 1)") if row == "bf16" else (row.split("-")[0], OBJECTIVES[row.split("-")[1]])
         lines.append(f"| `{fmt}` | {objective} | **{100 * s['mean']:.1f} ± {100 * s['sd']:.1f}** | "
-                     f"{' / '.join(f'{100 * f:.1f}' for f in s['final'])} | {100 * (s['mean'] - bf16['mean']):+.1f} | "
+                     f"{' / '.join(f'{100 * f:.1f}' for f in s['final'])} ({len(s['final'])}) | "
+                     f"{100 * (s['mean'] - bf16['mean']):+.1f} | "
                      f"{s['kl_k3_median']:.1e} | {s['kl_k3_last10']:.1e} | {s['rho_max']:.1f} | "
                      f"{100 * s['rho_over_cap_frac']:.2f}% | {100 * s['clip_upper']:.2f}% / {100 * s['clip_lower']:.2f}% |")
     return "\n".join(lines)
@@ -160,12 +162,15 @@ def headline(stats: dict, formats: list[str]) -> str:
     """The question of the sweep, answered from the numbers: a format where naive ends >= 10 points under
     BF16, beyond the seed spread, while ACR ends within the seed spread of BF16."""
     bf16 = stats["bf16"]
-    rule = ("naive's mean is >= 10 points under BF16's and naive's mean + sd is under BF16's mean - sd; "
-            "ACR's mean is at least BF16's mean - (BF16's sd + ACR's sd)")
+    rule = ("with >= 3 seeds each, naive's mean is >= 10 points under BF16's and naive's mean + sd is under "
+            "BF16's mean - sd; ACR's mean is at least BF16's mean - (BF16's sd + ACR's sd)")
     found, notes = [], []
     for fmt in formats:
         naive, tis, acr = (stats.get(f"{fmt}-{o}") for o in ("naive", "tis", "acr"))
         if not (naive and acr):
+            continue
+        if min(len(naive["final"]), len(acr["final"]), len(bf16["final"])) < 3:
+            notes.append(f"`{fmt}`: fewer than 3 seeds finished, not judged")
             continue
         naive_breaks = naive["mean"] <= bf16["mean"] - 0.10 and naive["mean"] + naive["sd"] < bf16["mean"] - bf16["sd"]
         acr_holds = acr["mean"] >= bf16["mean"] - (bf16["sd"] + acr["sd"])
@@ -198,7 +203,7 @@ def _plt():
     return plt
 
 
-STYLE = {"bf16": ("black", "BF16 rollout, Eq. 1"), "naive": ("tab:red", OBJECTIVES["naive"]),
+STYLE = {"bf16": ("black", "unquantized rollout (BF16 row), Eq. 1"), "naive": ("tab:red", OBJECTIVES["naive"]),
          "tis": ("tab:blue", OBJECTIVES["tis"]), "acr": ("tab:green", OBJECTIVES["acr"])}
 
 
@@ -284,7 +289,7 @@ def most_mismatched_that_trains(stats: dict, formats: list[str]) -> str:
 
 def train_all(work: str, groups: list[list[str]], seeds: list[int], settings: dict, parallel: int = 1) -> dict:
     """Group by group (a format's rows), seed by seed, so a partial sweep answers its first format first;
-    parallel > 1: that many runs at a time, each pinned to its own CPU core."""
+    parallel > 1: that many runs at a time, each pinned to its own CPU core; 0: start none, read those on disk."""
     from concurrent.futures import ThreadPoolExecutor
     from queue import Queue
 
@@ -303,8 +308,12 @@ def train_all(work: str, groups: list[list[str]], seeds: list[int], settings: di
         finally:
             cores.put(core)
 
-    with ThreadPoolExecutor(max_workers=parallel) as pool:
-        run_dirs = list(pool.map(one, jobs))
+    if parallel == 0:  # report only: the runs already on disk
+        run_dirs = [os.path.join(work, "runs", f"{row}-seed{seed}") for row, seed in jobs]
+        jobs, run_dirs = zip(*[(j, d) for j, d in zip(jobs, run_dirs) if os.path.exists(os.path.join(d, "summary.json"))])
+    else:
+        with ThreadPoolExecutor(max_workers=parallel) as pool:
+            run_dirs = list(pool.map(one, jobs))
     table = {}
     for (row, _), run_dir in zip(jobs, run_dirs):
         table.setdefault(row, []).append(read_run(run_dir))
@@ -334,13 +343,14 @@ def contrast(args) -> int:
 
 def sweep(args, argv) -> int:
     t0 = time.time()
-    groups = [[f"{f}-{o}" for o in OBJECTIVES] for f in args.formats]
+    groups = [[f"{f}-{o}" for o in args.objectives] for f in args.formats]
     groups[0].insert(0, "bf16")
     print(f"mismatch sweep: {sum(map(len, groups))} rows x {len(args.seeds)} seeds -> {args.work}", flush=True)
     table = train_all(args.work, groups, args.seeds, args.settings, args.parallel)
     stats = {row: run_summary(runs) for row, runs in table.items()}
 
     from qurl_mini.data import load_problems
+    from qurl_mini.engine import Platform
     from qurl_mini.hardware import describe_cpu
 
     _, test = load_problems("synthetic", None, args.static_prompts, 0, 10)
@@ -365,7 +375,9 @@ def sweep(args, argv) -> int:
     md = [f"# The mismatch dial: where naive quantized PPO breaks\n",
           f"Made by `{cmd}` at commit {commit()} in {(time.time() - t0) / 60:.0f} min (runs already on disk are "
           f"reused) on {describe_cpu()}. Training rows: `train.py {settings}` + the row's `--quant --quant-group "
-          f"--objective`, seeds {args.seeds}; runs in `{os.path.relpath(args.work, REPO)}/runs/`.\n",
+          f"--objective`, seeds {args.seeds}; runs in `{os.path.relpath(args.work, REPO)}/runs/`. The BF16 row is the "
+          f"unquantized engine (`--quant none`), which `--engine-dtype auto` runs in "
+          f"{Platform.detect().engine_dtype('auto')} on this machine; the dial's formats are emulated in it.\n",
           "## Is there a format where naive Eq. 3 breaks while ACR holds?\n", headline(stats, args.formats), "",
           "## Training: final greedy test accuracy and the measured mismatch\n",
           f"Warm start: {100 * stats['bf16']['start']:.1f}%. KL(behav‖prox) is the k3 estimator over each step's "
@@ -394,9 +406,13 @@ def main(argv=None) -> int:
                                                            "seed, curves side by side (make contrast)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--formats", nargs="+", default=TRAIN_FORMATS, choices=list(DIAL), help="formats to train")
+    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES),
+                   help="objectives to train at each format (a partial sweep: the rest can follow later)")
     p.add_argument("--static-prompts", type=int, default=64)
     p.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned to one CPU core "
                                                            "(2 on a 2-core machine: more runs per hour)")
+    p.add_argument("--report-only", action="store_true", help="start no run: report the finished runs on disk "
+                                                              "(a sweep stopped part-way; the table says how many seeds)")
     p.add_argument("--smoke", action="store_true", help="2-step runs of one format, one seed, tiny eval")
     p.add_argument("--out", default=None, help="writes OUT.md/.json/*.png (sweep) or OUT.png (contrast); "
                                                "default docs/results/mismatch, or runs/contrast with --contrast")
@@ -409,6 +425,8 @@ def main(argv=None) -> int:
     args.out = os.path.abspath(args.out or os.path.join(REPO, *(("runs", "contrast") if args.contrast
                                                                  else ("docs", "results", "mismatch"))))
     args.work = os.path.abspath(args.work or args.out + "_runs")
+    if args.report_only:
+        args.parallel = 0
     return contrast(args) if args.contrast else sweep(args, argv)
 
 

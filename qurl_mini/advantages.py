@@ -56,7 +56,9 @@ def overlong_penalty(length: int, max_tokens: int, buffer: int, penalty: float) 
     return -penalty * min(1.0, (length - start) / buffer)
 
 
-def informative_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
-    """DAPO dynamic sampling: True for groups whose rewards are not all equal (they carry signal)."""
-    groups = rewards.view(-1, group_size)
+def informative_groups(correct: torch.Tensor, group_size: int) -> torch.Tensor:
+    """DAPO dynamic sampling: True for groups with some right and some wrong answers (DAPO's
+    0 < |{o_i correct}| < G). It reads accuracy, not the shaped reward: an all-wrong group whose
+    lengths differ only by the overlong penalty teaches nothing about the answer, and is dropped."""
+    groups = correct.view(-1, group_size)
     return (groups.max(-1).values - groups.min(-1).values) > 1e-9

@@ -7,7 +7,7 @@ class Algorithm:
     advantages: str  # a name in advantages.ADVANTAGE_ESTIMATORS
     critic: bool = False  # a value model (PPO)
     group_baseline: bool = True  # advantages relative to the G samples of a prompt (needs G >= 2)
-    dynamic_sampling: bool = False  # DAPO: drop groups whose rewards are all equal, draw more prompts
+    dynamic_sampling: bool = False  # DAPO: drop groups all right or all wrong, draw more prompts
     overlong_shaping: bool = False  # DAPO: soft penalty for responses near --max-new-tokens
     defaults: dict = field(default_factory=dict)  # flag defaults of the algorithm's paper
 

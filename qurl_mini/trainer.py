@@ -38,6 +38,7 @@ from .progress import progress_bar
 from .prompts import PromptBuilder
 from .run_dir import RunLock, stop_point
 from .sync_probe import SyncProbe
+from .trackers import Trackers
 from .uaq import apply_uaq
 
 log = logging.getLogger("qurl_mini")
@@ -91,6 +92,7 @@ class Trainer:
         else:
             check_model_dir(cfg.model)
         self.lock = RunLock(self.run_dir)  # before anything is written there; a second run stops here
+        self.trackers = None
         try:
             self._set_up(cfg)
         except BaseException:
@@ -104,8 +106,12 @@ class Trainer:
         self.close()
 
     def close(self) -> None:
-        """Give the run folder up (the process's end does too)."""
-        self.lock.release()
+        """Close the trackers, give the run folder up (the process's end does too)."""
+        try:
+            if self.trackers is not None:
+                self.trackers.close()
+        finally:
+            self.lock.release()
 
     def _set_up(self, cfg: Config) -> None:
         self.algorithm = ALGORITHMS[cfg.algo]  # the one place that looks at --algo
@@ -153,6 +159,7 @@ class Trainer:
         stop_point()  # a SIGINT/SIGTERM while loading: stop before anything is written, and the engine's start
         self.metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"),
                                   resume_after_step=self.start_step if resume_from else None)
+        self.trackers = Trackers(cfg.report_to, self.run_dir, cfg.run_name, cfg.to_dict(), resume=bool(resume_from))
         self.monitor = quant.WeightUpdateMonitor()
         self.engine = self._start_engine()
         self.probe = self._start_probe()
@@ -224,6 +231,7 @@ class Trainer:
         if self.start_step == 0:
             summary["initial_test_accuracy"] = self.evaluate()
             log.info("greedy test accuracy before RL: %.1f%%", 100 * summary["initial_test_accuracy"])
+            self.trackers.log({"test_accuracy": summary["initial_test_accuracy"]}, step=0)
         with progress_bar(f"RL {cfg.algo} / rollout {self.engine.engine_format}", cfg.steps - self.start_step) as advance:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 stop_point()  # between steps: the last checkpoint and metrics are whole
@@ -231,6 +239,7 @@ class Trainer:
                 if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
                     row["test_accuracy"] = self.evaluate()
                 self.metrics.write(row)
+                self.trackers.log(row, step)
                 if step % cfg.save_every == 0 or step == cfg.steps:
                     self.save(step)
                 advance(f"reward {row['reward_mean']:.2f} acc {row['accuracy']:.2f} "
@@ -238,8 +247,11 @@ class Trainer:
         final_dir = checkpoint.save_model(os.path.join(self.run_dir, "final"), self.actor, self.tokenizer)
         plot = plot_metrics(self.metrics.path, os.path.join(self.run_dir, "curves.png"),
                             summary.get("initial_test_accuracy"))
+        self.trackers.image("curves", plot, cfg.steps)
         summary.update(final_test_accuracy=self.evaluate(), final_model=final_dir, plot=plot,
-                       base_model=self.base_model, metrics=self.metrics.path, config=cfg.to_dict())
+                       base_model=self.base_model, metrics=self.metrics.path,
+                       checkpoints=checkpoint.checkpoint_dir(self.run_dir), trackers=self.trackers.watch(),
+                       config=cfg.to_dict())
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         return summary
@@ -336,14 +348,15 @@ class Trainer:
         return samples
 
     def sample_with_dynamic_sampling(self) -> Samples:
-        """DAPO: keep only groups whose rewards differ, drawing more prompts for at most
-        --dapo-max-tries rounds; if none carries signal, train on the last round (zero advantages)."""
+        """DAPO: keep only groups with some right and some wrong answers (judged on accuracy, not on
+        the shaped reward), drawing more prompts for at most --dapo-max-tries rounds; if none carries
+        signal, train on the last round (zero advantages)."""
         cfg, kept, rounds, dropped = self.cfg, Samples(), 0, 0
         while len(kept) < cfg.prompts_per_step and rounds < cfg.dapo_max_tries:
             rounds += 1
             last = self.sample(cfg.prompts_per_step - len(kept))
             for problem, group, shaped, correct in zip(last.problems, last.groups, last.rewards, last.correct):
-                if informative_groups(shaped, cfg.group_size).item():
+                if informative_groups(correct, cfg.group_size).item():
                     kept.add(problem, group, shaped, correct)
                 else:
                     dropped += 1

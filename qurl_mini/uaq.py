@@ -2,10 +2,18 @@
 
     W X = (W / s) (s X)                                            (Eq. 11)
 
-The factor s on the activations is folded into the RMSNorm that feeds the projections, so
-the network computes exactly the same function. What changes is the quantization picture:
-the weights shrink by s (quantization error shrinks by s) while their gradient grows by s
-(dL/dW' = s * dL/dW), so one optimizer step moves them s times further (Eq. 12).
+The factor s on the activations is folded into the RMSNorm that feeds the projections, so the
+network computes exactly the same function. Only projections right after an RMSNorm can take it
+(the paper's Fig. 5): q/k/v after input_layernorm, gate/up after post_attention_layernorm.
+o_proj and down_proj have no norm in front of them and are not rescaled (`FOLDS`).
+
+What changes is the quantization picture. The rescaled weights shrink by s, and with them their
+per-channel grid step (amax / qmax) and their quantization error. Their gradient grows by s
+(dL/dW' = s dL/dW). Under SGD the step grows with it, so update / grid step grows by s^2: that is
+Eq. 12's argument. This trainer uses AdamW, whose step is about lr whatever the gradient's scale
+(it divides by the gradient's running RMS). The step stays and the grid shrinks, so update / grid
+step grows by about s. For Eq. 13, a ratio of squared norms over all quantized weights, that
+predicts a growth of 1 / (f / s^2 + 1 - f), f = `rescaled_share(model)`.
 """
 import torch
 
@@ -66,3 +74,17 @@ def apply_uaq(model, s: float):
                 _get(layer, proj_name).weight.div_(s)  # W / s, column-wise (Eq. 11)
     model.config.uaq_scale = float(s)
     return model
+
+
+@torch.no_grad()
+def rescaled_share(model) -> float:
+    """Share of the decoder layers' squared linear-weight norm that sits in the projections UAQ rescales."""
+    rescaled = total = 0.0
+    for layer in _decoder_layers(model):
+        folded = {id(_get(layer, p)) for _, projs in FOLDS for p in projs}
+        for module in layer.modules():
+            if isinstance(module, torch.nn.Linear):
+                norm2 = module.weight.float().pow(2).sum().item()
+                total += norm2
+                rescaled += norm2 if id(module) in folded else 0.0
+    return rescaled / total

@@ -59,6 +59,6 @@ def test_overlong_penalty_off_with_no_buffer_and_scaled_by_penalty():
     assert overlong_penalty(22, max_tokens=24, buffer=4, penalty=0.5) == pytest.approx(-0.25)
 
 
-def test_informative_groups_are_those_whose_rewards_differ():
-    rewards = torch.tensor([1.0, 1, 0, 1, 0, 0, 0, 0, 0.6, 0.6, 0.6, 0.6])
-    assert informative_groups(rewards, group_size=4).tolist() == [True, False, False]
+def test_informative_groups_are_those_with_some_right_and_some_wrong_answers():
+    correct = torch.tensor([1.0, 1, 0, 1, 0, 0, 0, 0, 1, 1, 1, 1, 0, 0, 0, 1])
+    assert informative_groups(correct, group_size=4).tolist() == [True, False, False, True]

@@ -1,4 +1,4 @@
-"""Every bad input of the README's table gets one clear line (and exit 2), never a traceback."""
+"""Every bad input of docs/usage.md's table gets one clear line (and exit 2), never a traceback."""
 import json
 import os
 

@@ -14,8 +14,8 @@ sys.path.insert(0, os.path.join(REPO, "experiments"))
 import mismatch  # noqa: E402
 
 
-def stats(mean, sd, kl=1e-3):
-    return {"mean": mean, "sd": sd, "start": 0.385, "kl_k3_median": kl}
+def stats(mean, sd, kl=1e-3, seeds=3):
+    return {"mean": mean, "sd": sd, "start": 0.385, "kl_k3_median": kl, "final": [mean] * seeds}
 
 
 def test_headline_says_yes_only_when_naive_breaks_beyond_the_spread_and_acr_holds():
@@ -30,6 +30,10 @@ def test_headline_says_yes_only_when_naive_breaks_beyond_the_spread_and_acr_hold
     text = mismatch.headline(both, ["int2g32"])
     assert text.startswith("**No format") and "every objective ends >= 10 points under BF16" in text
     assert "TIS and ACR differ" in text
+    # fewer than 3 seeds: not judged, and said
+    partial = yes | {"int2g32-naive": stats(0.20, 0.05, seeds=2)}
+    text = mismatch.headline(partial, ["int2g32"])
+    assert text.startswith("**No format") and "`int2g32`: fewer than 3 seeds finished" in text
 
 
 def test_sweep_rows_map_to_the_dial_flags():

@@ -4,7 +4,7 @@ import torch
 
 from qurl_mini import quant
 from qurl_mini.embedded import build_char_tokenizer, tiny_qwen2_config
-from qurl_mini.uaq import UAQError, apply_uaq
+from qurl_mini.uaq import FOLDS, UAQError, apply_uaq, rescaled_share
 
 
 def test_int8_weight_quantization_is_symmetric_per_channel():
@@ -111,10 +111,39 @@ def test_uaq_leaves_logits_unchanged_and_scales_gradients_by_s():
 
 
 def test_uaq_shrinks_quantization_error_relative_to_update():
-    """The paper's s^2 argument: error/update ratio improves when weights are W/s and grads s*G."""
+    """The quantization error of W / s is the error of W, divided by s (the grid shrinks with the weights)."""
     w = torch.randn(64, 64)
     err = lambda m: (quant.dequantize(*quant.quantize_weight(m, "int8")) - m).pow(2).sum().sqrt()
     assert err(w / 1.5).item() == pytest.approx(err(w).item() / 1.5, rel=1e-5)
+
+
+@pytest.mark.parametrize("optimizer, growth", [("AdamW", 1.5), ("SGD", 1.5 ** 2)])
+def test_uaq_grows_update_over_grid_step_by_s_under_adamw_and_s_squared_under_sgd(optimizer, growth):
+    """AdamW's step is ~lr whatever the gradient's scale: the rescaled weights take the same step while
+    their grid shrinks by s. SGD's step grows with the gradient (x s) on top: Eq. 12's s^2."""
+    s, lr = 1.5, 1e-3
+    torch.manual_seed(0)
+    ids = torch.randint(3, 100, (2, 10))
+    moved = {}
+    for scale in (1.0, s):
+        model = apply_uaq(_tiny_model().train(), scale)
+        before = model.model.layers[0].self_attn.q_proj.weight.detach().clone()
+        opt = (torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0) if optimizer == "AdamW"  # the trainer's
+               else torch.optim.SGD(model.parameters(), lr=lr))
+        model(ids).logits.square().mean().backward()
+        opt.step()
+        step = (model.model.layers[0].self_attn.q_proj.weight.detach() - before).abs().mean()
+        grid = quant.quantize_weight(before, "int8")[1].mean()  # per-channel grid step, amax / 127
+        moved[scale] = (step / grid).item()
+    assert moved[s] / moved[1.0] == pytest.approx(growth, rel=0.02)
+
+
+def test_rescaled_share_is_the_squared_norm_share_of_q_k_v_gate_up():
+    model = _tiny_model()
+    norm2 = {n: p.pow(2).sum().item() for n, p in model.named_parameters() if n.endswith("proj.weight")}
+    folded = [n for n in norm2 if any(f".{p}." in n for _, projs in FOLDS for p in projs)]
+    assert len(norm2) == 14 and len(folded) == 10  # o_proj and down_proj of each layer are not rescaled
+    assert rescaled_share(model) == pytest.approx(sum(norm2[n] for n in folded) / sum(norm2.values()), rel=1e-6)
 
 
 def test_uaq_refuses_a_model_it_cannot_fold_naming_the_layer():

@@ -2,7 +2,7 @@
 
 verl pins other versions than .venv, so `make test` builds .venv-verl (verl==0.9.1 plus this project,
 editable: the `verl.plugins` entry point exists) and, from the main suite, `test_inside_the_verl_env`
-reruns this file there. Everything goes through verl's own code: hydra config with the README's
+reruns this file there. Everything goes through verl's own code: hydra config with docs/verl.md's
 overrides, its rollout correction (rho from old and rollout log-probs), its `ppo_loss` call site.
 """
 import functools
@@ -22,7 +22,7 @@ VERL_PYTHON = ROOT / ".venv-verl" / "bin" / "python"
 HAVE_VERL = importlib.util.find_spec("verl") is not None
 in_verl_env = pytest.mark.skipif(not HAVE_VERL, reason="needs verl: test_inside_the_verl_env runs it in .venv-verl")
 
-# The README's "Scaling out with verl" command, one override per line (data paths are the user's)
+# docs/verl.md's `main_ppo` command, one override per line (data paths are the user's)
 OVERRIDES = """
     algorithm.adv_estimator=grpo
     data.train_files=$TRAIN_PARQUET
@@ -143,12 +143,9 @@ def test_verl_reads_a_uaq_checkpoint(tmp_path):
     torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_the_readme_has_these_overrides():
-    readme = (ROOT / "README.md").read_text()
-    if "## Scaling out with verl" not in readme:
-        pytest.skip("README.md has no 'Scaling out with verl' section yet")
-    section = readme.split("## Scaling out with verl", 1)[1].split("\n## ", 1)[0]
-    assert [o for o in OVERRIDES if o not in re.findall(r"\S+", section)] == []
+def test_the_verl_doc_has_these_overrides():
+    doc = (ROOT / "docs" / "verl.md").read_text()
+    assert [o for o in OVERRIDES if o not in re.findall(r"\S+", doc)] == []
 
 
 # Four rows of five response tokens; row 2 was emptied (its response_mask zeroed, as verl's rejection
@@ -174,7 +171,7 @@ def tokens(seed=0):
 
 def verl_rollout_is_weights(prox, behav, mask, *overrides):
     """rho as verl's trainer computes it from old_log_probs and the vLLM rollout_log_probs, with its
-    `algorithm.rollout_correction` config (the README's: untruncated)."""
+    `algorithm.rollout_correction` config (docs/verl.md's: untruncated)."""
     from verl import DataProto
     from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 
@@ -220,7 +217,7 @@ def test_acr_through_verl_equals_qurl_mini_over_two_micro_batches():
     logp, prox, behav, A, mask = tokens()
     weights = verl_rollout_is_weights(prox, behav, mask)
     assert (weights[mask > 0] > C).sum() >= 3 and weights[2].abs().sum() == 0  # truncation matters; empty row
-    config = actor_config()  # loss_mode=qurl_acr, tis_cap 2, eps 0.2 / 0.28, token-mean: the README's
+    config = actor_config()  # loss_mode=qurl_acr, tis_cap 2, eps 0.2 / 0.28, token-mean: docs/verl.md's
     total = 0.0
     for rows in ([0, 1], [2, 3]):  # one mini-batch as two micro-batches, normalized by its token count
         loss, _ = verl_ppo_loss(config, logp, prox, A, mask, weights, rows, batch_num_tokens=int(mask.sum()),
