@@ -27,11 +27,13 @@ def test_bench_batch_reports_paired_ratios_and_the_memory_bound_limit(tmp_path):
         assert row["int8_speedup_per_round"] == pytest.approx(ratios)
         assert row["int8_speedup"] == pytest.approx(sum(ratios) / 2)  # the median of two rounds
         # bytes read per decode step: bf16 = 2 per parameter; INT8 = 1 per quantized code + an fp32 scale
-        # per output row, the rest (embeddings/lm_head, norms) bf16
+        # per output row, the rest (embeddings/lm_head, norms) in the INT8 engine's dtype: bf16, or fp32 where
+        # the CPU has no native bf16 (AVX2-only: `--engine-dtype auto` picks float32, as train.py does)
         assert bf16["weight_bytes"] == 2 * params
+        rest = {"bfloat16": 2, "float32": 4}[int8["dtype"]]
         layers, hidden, inter = result["layers"], result["hidden"], 512
         kv = result["kv_heads"] * hidden // result["heads"]
         rows_out = layers * (hidden + 2 * kv + hidden + 2 * inter + hidden)  # q, k, v, o, gate, up, down
         codes = layers * (hidden * (hidden + 2 * kv) + hidden * hidden + 3 * hidden * inter)
-        assert int8["weight_bytes"] == codes + 4 * rows_out + 2 * (params - codes)
+        assert int8["weight_bytes"] == codes + 4 * rows_out + rest * (params - codes)
         assert row["memory_bound_limit"] == pytest.approx(bf16["weight_bytes"] / int8["weight_bytes"])
