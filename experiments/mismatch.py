@@ -341,6 +341,21 @@ def contrast(args) -> int:
     return 0
 
 
+def warm_start_dir(recorded: str) -> str | None:
+    """The runs' warm start: where they recorded it, else the same cached folder in this checkout."""
+    here = os.path.join(REPO, ".cache", os.path.basename(recorded))
+    return next((d for d in (recorded, here) if os.path.isdir(d)), None)
+
+
+def machines(table: dict) -> str:
+    """The CPUs (and engine dtypes) the runs recorded in their summary.json, with how many runs each."""
+    from collections import Counter
+
+    seen = Counter(f"{r['summary'].get('machine', 'CPU not recorded')}, engine dtype "
+                   f"{r['summary'].get('engine_dtype', 'not recorded')}" for runs in table.values() for r in runs)
+    return "; ".join(f"{name} ({n} runs)" for name, n in seen.items())
+
+
 def sweep(args, argv) -> int:
     t0 = time.time()
     groups = [[f"{f}-{o}" for o in args.objectives] for f in args.formats]
@@ -350,19 +365,20 @@ def sweep(args, argv) -> int:
     stats = {row: run_summary(runs) for row, runs in table.items()}
 
     from qurl_mini.data import load_problems
-    from qurl_mini.engine import Platform
     from qurl_mini.hardware import describe_cpu
 
     _, test = load_problems("synthetic", None, args.static_prompts, 0, 10)
-    warm = table["bf16"][0]["summary"]["base_model"]
+    warm = warm_start_dir(table["bf16"][0]["summary"]["base_model"])
     bf16_final = os.path.join(args.work, "runs", f"bf16-seed{args.seeds[0]}", "final")
     static_path = args.out + "_static.json"
     previous = json.load(open(static_path)) if os.path.exists(static_path) else {}
-    static = {"warm_start": static_mismatch(warm, test, prompts=args.static_prompts, samples=4, tokens=24)}
-    if os.path.isdir(bf16_final):
-        static["bf16_end"] = static_mismatch(bf16_final, test, prompts=args.static_prompts, samples=4, tokens=24)
-    elif "bf16_end" in previous:  # the final model is not committed: keep the measurement made with it
-        static["bf16_end"] = previous["bf16_end"]
+    static = {}
+    # models not committed (a run's final model) or not built here keep the measurement made with them
+    for key, model_dir in (("warm_start", warm), ("bf16_end", bf16_final)):
+        if model_dir and os.path.isdir(model_dir):
+            static[key] = static_mismatch(model_dir, test, prompts=args.static_prompts, samples=4, tokens=24)
+        elif key in previous:
+            static[key] = previous[key]
     with open(static_path, "w") as f:
         json.dump(static, f, indent=1)
 
@@ -374,10 +390,11 @@ def sweep(args, argv) -> int:
     cmd = " ".join(["python experiments/mismatch.py", *(argv if argv is not None else sys.argv[1:])])
     md = [f"# The mismatch dial: where naive quantized PPO breaks\n",
           f"Made by `{cmd}` at commit {commit()} in {(time.time() - t0) / 60:.0f} min (runs already on disk are "
-          f"reused) on {describe_cpu()}. Training rows: `train.py {settings}` + the row's `--quant --quant-group "
-          f"--objective`, seeds {args.seeds}; runs in `{os.path.relpath(args.work, REPO)}/runs/`. The BF16 row is the "
-          f"unquantized engine (`--quant none`), which `--engine-dtype auto` runs in "
-          f"{Platform.detect().engine_dtype('auto')} on this machine; the dial's formats are emulated in it.\n",
+          f"reused; this report and the static tables on {describe_cpu()}). Training rows: `train.py {settings}` + "
+          f"the row's `--quant --quant-group --objective`, seeds {args.seeds}; runs in "
+          f"`{os.path.relpath(args.work, REPO)}/runs/`, trained on: {machines(table)}. The BF16 row is the "
+          f"unquantized engine (`--quant none`, in the engine dtype above: `--engine-dtype auto` picks float32 "
+          f"where the CPU has no bf16 arithmetic); the dial's formats are emulated in it.\n",
           "## Is there a format where naive Eq. 3 breaks while ACR holds?\n", headline(stats, args.formats), "",
           "## Training: final greedy test accuracy and the measured mismatch\n",
           f"Warm start: {100 * stats['bf16']['start']:.1f}%. KL(behav‖prox) is the k3 estimator over each step's "

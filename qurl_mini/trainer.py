@@ -31,6 +31,7 @@ from .data import Problem, PromptSampler, load_problems, reward
 from .embedded import warm_start
 from .engine import Platform, Rollout, RolloutEngine
 from .evaluate import greedy_accuracy
+from .hardware import describe_cpu
 from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, sampler_mismatch, value_loss
 from .metrics import MetricsLog, plot_metrics
 from .paths import check_model_dir, check_output_dir
@@ -251,7 +252,7 @@ class Trainer:
         summary.update(final_test_accuracy=self.evaluate(), final_model=final_dir, plot=plot,
                        base_model=self.base_model, metrics=self.metrics.path,
                        checkpoints=checkpoint.checkpoint_dir(self.run_dir), trackers=self.trackers.watch(),
-                       config=cfg.to_dict())
+                       machine=describe_cpu(), engine_dtype=self.engine.dtype, config=cfg.to_dict())
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         return summary
