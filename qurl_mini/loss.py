@@ -90,7 +90,8 @@ def aggregation_units(mask, agg):
 
 def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, clip_low=0.2,
                 clip_high=0.2, tis_cap=2.0, agg="token-mean"):
-    """loss = -aggregate(objective per token), and stats about clipping and the sampler gap."""
+    """loss = -aggregate(objective per token), and stats about clipping and truncation (the sampler gap over
+    the whole step, KL(behav || prox): `sampler_mismatch`)."""
     if objective not in OBJECTIVE_FNS:
         raise ValueError(f"unknown objective {objective!r}; choose from {OBJECTIVES}")
     mask = mask.to(logp.dtype)
@@ -102,7 +103,6 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, cli
     loss = -aggregate(surrogate.per_token(A), mask, agg)
     with torch.no_grad():
         stats = surrogate_stats(surrogate, A, rho, mask, plain_high=1 + clip_high, tis_cap=tis_cap)
-        stats["kl_behav_prox"] = masked_mean(behav_logp - prox_logp, mask).item()
     return loss, stats
 
 

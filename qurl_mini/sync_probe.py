@@ -33,6 +33,7 @@ class SyncProbe:
     start_gap: float | None = None
     engine_last: torch.Tensor | None = None  # both sides' log-probs at the last check (or at start)
     actor_last: torch.Tensor | None = None
+    actor_before: torch.Tensor | None = None  # the actor's before the next update, kept when that step is due
 
     def due(self, step: int) -> bool:
         return self.every > 0 and (step == 1 or step % self.every == 0)
@@ -40,7 +41,7 @@ class SyncProbe:
     def calibrate(self, engine_logp, actor_logp) -> float:
         """The gap of the engine loaded from a checkpoint: quantization noise only."""
         self.start_gap = mean_abs_gap(engine_logp, actor_logp)
-        self.engine_last, self.actor_last = engine_logp, actor_logp
+        self.engine_last, self.actor_last, self.actor_before = engine_logp, actor_logp, actor_logp
         if not math.isfinite(self.start_gap):
             raise SyncError("the rollout engine's log-probs are not finite right after loading the checkpoint")
         return self.start_gap
@@ -48,6 +49,19 @@ class SyncProbe:
     @property
     def limit(self) -> float:
         return max(self.noise_factor * self.start_gap, self.noise_floor)
+
+    def after_sync(self, step: int, engine_logp, actor_logp) -> dict:
+        """The probe's one call per step, after the sync: on a due step, `check` the engine against the updated
+        actor; before a due step, keep the actor's log-probs as that check's "before the update" (nothing
+        changes the actor between this sync and the next update). engine_logp(), actor_logp(): both sides'
+        log-probs of `sequence`, computed only when needed."""
+        stats, actor_now = {}, None
+        if self.due(step):
+            actor_now = actor_logp()
+            stats = self.check(step, engine_logp(), actor_now, self.actor_before)
+        if self.due(step + 1):
+            self.actor_before = actor_now if actor_now is not None else actor_logp()
+        return stats
 
     def check(self, step: int, engine_logp, actor_after, actor_before) -> dict:
         """Raise SyncError unless the engine matches the updated actor; else the gaps, for the metrics."""

@@ -117,14 +117,47 @@ class Trainer:
     def _set_up(self, cfg: Config) -> None:
         self.algorithm = ALGORITHMS[cfg.algo]  # the one place that looks at --algo
         self.platform = Platform.detect()
+        resume_from = self._find_resume()
+        state = checkpoint.load_trainer_state(resume_from) if resume_from else {}
+        self._set_up_data()  # first: the embedded warm start (the base model) is trained on the data
+        self._set_up_models(resume_from)  # resume state before the actor: a resumed actor is its checkpoint's
+        self._set_up_prompts()  # after the actor: prompts are fitted with its tokenizer
+        self._set_up_optimizers(resume_from, state)  # after the models are placed: they hold their parameters
+        self.start_step = state.get("step", 0)
+        self.sampler = PromptSampler(len(self.train_problems), cfg.seed, cursor=state.get("data_cursor", 0))
+        self.bad_steps = state.get("bad_steps", 0)
+        self.mismatch_warned = state.get("mismatch_warned", False)
+        stop_point()  # a SIGINT/SIGTERM while loading: stop before anything is written, and the engine's start
+        self.metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"),
+                                  resume_after_step=self.start_step if resume_from else None)
+        self.trackers = Trackers(cfg.report_to, self.run_dir, cfg.run_name, cfg.to_dict(), resume=bool(resume_from))
+        self._set_up_engine_and_probe()  # last: the engine starts on a copy of the actor as it now is
 
+    # -- set-up -----------------------------------------------------------------------------------
+
+    def _set_up_data(self) -> None:
+        cfg = self.cfg
         self.train_problems, self.test_problems = load_problems(
             cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
         self.base_model = base_model_path(cfg, self.train_problems)
 
-        resume_from = self._find_resume()
-        state = checkpoint.load_trainer_state(resume_from) if resume_from else {}
+    def _set_up_models(self, resume_from: str | None) -> None:
+        """The actor (UAQ-rescaled), the frozen reference and PPO's critic, on the training device."""
+        cfg = self.cfg
         self.actor, self.tokenizer = load_actor(os.path.join(resume_from, "actor") if resume_from else self.base_model)
+        if not resume_from:  # once, before training (Eq. 11); a checkpoint holds the rescaled weights already
+            apply_uaq(self.actor, cfg.uaq_scale)
+        self.actor.train()
+        device = torch.device("cuda" if self.platform.cuda else "cpu")  # the models train where the engine runs
+        # the reference without UAQ: Eq. 11 leaves the function unchanged, and the reference is never quantized
+        self.reference = (load_actor(self.base_model, dtype=frozen_reference_dtype(device.type))[0].eval()
+                          if cfg.kl_coef > 0 else None)
+        self.critic = Critic(self.actor) if self.algorithm.critic else None
+        self._place_models(device)
+
+    def _set_up_prompts(self) -> None:
+        """Prompts as the model sees them; problems whose prompt is longer than --max-prompt-tokens dropped."""
+        cfg = self.cfg
         self.prompts = PromptBuilder(cfg.prompt_format, self.tokenizer)
         self.train_problems = self.prompts.fitting(self.train_problems, cfg.max_prompt_tokens, "training problems")
         self.test_problems = self.prompts.fitting(self.test_problems, cfg.max_prompt_tokens, "test problems")
@@ -133,39 +166,31 @@ class Trainer:
                                 f"{len(self.train_problems)} training problems")
         log.info("prompt format %r; the first training problem as the model sees it:\n%s",
                  self.prompts.format, self.prompts.text(self.train_problems[0]))
-        if not resume_from:
-            apply_uaq(self.actor, cfg.uaq_scale)  # one time, before training (Eq. 11)
-        device = torch.device("cuda" if self.platform.cuda else "cpu")  # the models train where the engine runs
-        self.actor.train()
-        self.reference = (load_actor(self.base_model, dtype=frozen_reference_dtype(device.type))[0].eval()
-                          if cfg.kl_coef > 0 else None)
-        self.critic = Critic(self.actor) if self.algorithm.critic else None
-        self._place_models(device)
 
+    def _set_up_optimizers(self, resume_from: str | None, state: dict) -> None:
+        """AdamW for the actor (and critic) after a short warm-up; a resumed run's optimizer and RNG states."""
+        cfg = self.cfg
         self.optimizers = {"actor": torch.optim.AdamW(self.actor.parameters(), lr=cfg.lr, weight_decay=0.0)}
         if self.critic is not None:
             self.optimizers["critic"] = torch.optim.AdamW(self.critic.parameters(), lr=cfg.critic_lr)
         warmup = 3 * cfg.minibatches * cfg.ppo_epochs
         self.schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
                            for name, opt in self.optimizers.items()}
-
-        self.start_step = state.get("step", 0)
-        self.sampler = PromptSampler(len(self.train_problems), cfg.seed, cursor=state.get("data_cursor", 0))
-        self.bad_steps = state.get("bad_steps", 0)
-        self.mismatch_warned = state.get("mismatch_warned", False)
         if resume_from:
             checkpoint.restore(resume_from, critic=self.critic, optimizers=self.optimizers,
                                schedulers=self.schedulers, state=state)
-            log.info("resumed from %s (step %d)", resume_from, self.start_step)
-        stop_point()  # a SIGINT/SIGTERM while loading: stop before anything is written, and the engine's start
-        self.metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"),
-                                  resume_after_step=self.start_step if resume_from else None)
-        self.trackers = Trackers(cfg.report_to, self.run_dir, cfg.run_name, cfg.to_dict(), resume=bool(resume_from))
-        self.monitor = quant.WeightUpdateMonitor()
-        self.engine = self._start_engine()
-        self.probe = self._start_probe()
+            log.info("resumed from %s (step %d)", resume_from, state["step"])
 
-    # -- set-up -----------------------------------------------------------------------------------
+    def _set_up_engine_and_probe(self) -> None:
+        """The rollout engine; the sync probe on a training prompt + its reference answer, calibrated on it."""
+        self.monitor = quant.WeightUpdateMonitor()  # before the engine: its start is Eq. 13's first measurement
+        self.engine = self._start_engine()
+        first = self.train_problems[0]
+        answer = self.tokenizer.encode(first.answer, add_special_tokens=False) + [self.tokenizer.eos_token_id]
+        self.probe = SyncProbe((self.prompts.ids(first) + answer)[:self.engine.max_model_len - 1],
+                               every=self.cfg.sync_check_every)
+        if self.probe.every:
+            self.probe.calibrate(self._engine_probe_logprobs(), self._actor_probe_logprobs())
 
     def _place_models(self, device: torch.device) -> None:
         """Actor, reference and critic onto the training device; gradient checkpointing if asked."""
@@ -205,21 +230,13 @@ class Trainer:
             self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
         return engine
 
-    def _start_probe(self) -> SyncProbe:
-        """The sync probe on a training prompt + its reference answer, calibrated on the fresh engine."""
-        first = self.train_problems[0]
-        answer = self.tokenizer.encode(first.answer, add_special_tokens=False) + [self.tokenizer.eos_token_id]
-        probe = SyncProbe((self.prompts.ids(first) + answer)[:self.engine.max_model_len - 1],
-                          every=self.cfg.sync_check_every)
-        if probe.every:
-            probe.calibrate(torch.tensor(self.engine.prompt_logprobs([probe.sequence])[0]),
-                            self._actor_probe_logprobs(probe.sequence))
-        return probe
+    def _engine_probe_logprobs(self) -> torch.Tensor:
+        return torch.tensor(self.engine.prompt_logprobs([self.probe.sequence])[0])
 
     @torch.no_grad()
-    def _actor_probe_logprobs(self, sequence: list[int]) -> torch.Tensor:
+    def _actor_probe_logprobs(self) -> torch.Tensor:
         """The actor's log-probs of the probe sequence, computing like the engine (its grid), on the CPU."""
-        ids = torch.tensor([sequence], device=device_of(self.actor))
+        ids = torch.tensor([self.probe.sequence], device=device_of(self.actor))
         with self.engine.computing_like(self.actor):
             return token_logprobs(self.actor, ids, torch.ones_like(ids))[0].cpu()
 
@@ -284,9 +301,6 @@ class Trainer:
                         if self.reference is not None else None)
             old_values = batched_values(self.critic, sequences, **micro) if self.critic else None
 
-        probing = self.probe.due(step)  # the sync probe needs the actor before the update too
-        actor_before = self._actor_probe_logprobs(self.probe.sequence) if probing else None
-
         # 4. advantages
         rewards = torch.cat(samples.rewards)
         advantages, returns = ADVANTAGE_ESTIMATORS[self.algorithm.advantages](rewards, mask, old_values, cfg)
@@ -297,26 +311,29 @@ class Trainer:
         with timer("update"):
             update_stats = self.update(experience)
 
-        # 6. quantize + sync into the live engine
+        # 6. quantize + sync into the live engine, then check that it took the weights
         with timer("sync"):
-            t0 = time.perf_counter()
-            pairs, quantized = self.engine.checkpoint_tensors(self.actor)
-            time_quantize = time.perf_counter() - t0
-            self.engine.load_weights(pairs)
-        weight_stats = self.monitor.measure(self.actor, quantized) if quantized else {}
-        if probing:  # did the engine take the new weights? (raises SyncError with one line if not)
-            engine_logp = torch.tensor(self.engine.prompt_logprobs([self.probe.sequence])[0])
-            weight_stats.update(self.probe.check(step, engine_logp, self._actor_probe_logprobs(self.probe.sequence),
-                                                 actor_before))
+            quantized, time_quantize = self.sync()
+        sync_stats = self.monitor.measure(self.actor, quantized) if quantized else {}  # Eq. 13-14
+        sync_stats.update(self.probe.after_sync(step, self._engine_probe_logprobs, self._actor_probe_logprobs))
 
         mismatch = self._check_mismatch(behav_logp, prox_logp, mask)
         return {
             "step": step, "reward_mean": rewards.mean().item(), "accuracy": torch.cat(samples.correct).mean().item(),
             "response_len": mask.sum(-1).mean().item(), **samples.stats, **update_stats,
             **mismatch,  # over the step's tokens (k1 and k3 KL, rho's extremes), not minibatch averages
-            **weight_stats, "time_quantize": time_quantize, **timer.times, "time_step": sum(timer.times.values()),
+            **sync_stats, "time_quantize": time_quantize, **timer.times, "time_step": sum(timer.times.values()),
             "data_cursor": self.sampler.cursor,
         }
+
+    def sync(self) -> tuple[dict, float]:
+        """The updated actor, quantized, into the live engine, in place: its {name: (codes, scale)}, and the
+        seconds the quantizing took."""
+        t0 = time.perf_counter()
+        pairs, quantized = self.engine.checkpoint_tensors(self.actor)
+        time_quantize = time.perf_counter() - t0
+        self.engine.load_weights(pairs)
+        return quantized, time_quantize
 
     def _check_mismatch(self, behav_logp, prox_logp, mask) -> dict:
         """The sampler/learner gap over the step's tokens (Sec. 4.2); warn once when it is far too large."""

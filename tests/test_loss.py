@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from qurl_mini.loss import OBJECTIVES, aggregate, kl_k3, policy_loss, value_loss
+from qurl_mini.loss import OBJECTIVES, aggregate, kl_k3, policy_loss, sampler_mismatch, value_loss
 
 # (pi_theta, pi_prox, pi_behav, A) per token, and the per-token objective each equation gives.
 #   R = theta/prox, R_hat = theta/behav, rho = prox/behav, clip range [0.8, 1.2]
@@ -62,7 +62,7 @@ def test_seq_mean_token_mean_averages_each_nonempty_row(objective):
     assert loss.item() == pytest.approx(-(row0 + row1) / 2, rel=1e-5)  # the empty row is not counted
 
 
-def test_stats_report_truncation_clipping_and_sampler_gap():
+def test_stats_report_truncation_clipping_and_the_step_reports_the_sampler_gap():
     logp, prox, behav, adv, mask = _batch()
     _, stats = policy_loss(logp, prox, behav, adv, mask, objective="tis", tis_cap=2.0)
     assert stats["tis_trunc_frac"] == pytest.approx(3 / 5)  # rho = 3, 4, 3 exceed C = 2
@@ -70,7 +70,8 @@ def test_stats_report_truncation_clipping_and_sampler_gap():
     # tokens 0, 2, 3, 4 take the clipped branch under TIS
     assert stats["clip_frac"] == pytest.approx(4 / 5)
     gap = sum(math.log(b) - math.log(p) for (_, p, b, _), _ in TOKENS) / 5
-    assert stats["kl_behav_prox"] == pytest.approx(gap, rel=1e-5)
+    assert "kl_behav_prox" not in stats  # the step's, over all its tokens, once:
+    assert sampler_mismatch(prox, behav, mask, tis_cap=2.0)["kl_behav_prox"] == pytest.approx(gap, rel=1e-5)
     _, acr_stats = policy_loss(logp, prox, behav, adv, mask, objective="acr", tis_cap=2.0)
     assert acr_stats["clip_frac"] == pytest.approx(3 / 5)  # ACR lets token 4 through
 

@@ -1,12 +1,14 @@
-"""One real RL step in-process (tiny model, INT8 engine): what the step logs is what it computed."""
+"""One real RL step in-process (tiny model, INT8 engine): what the step logs is what it computed, and
+an update moves the actor's weights, the next sync the engine's (DAPO's sampling and the objectives'
+gradients through the trainer: tests/test_trainer_behaviour.py)."""
 import json
+import math
 
 import pytest
 import torch
 
 from qurl_mini.config import Config
 from qurl_mini.embedded import build_tiny_model
-from qurl_mini.loss import masked_mean
 
 
 @pytest.fixture(scope="module")
@@ -33,58 +35,53 @@ def test_logged_kl_behav_prox_is_the_steps_kl_over_all_its_tokens(trainer, monke
     monkeypatch.setattr(type(trainer), "update", recording_update)
     row = trainer.step(1)
     (exp,) = seen
-    step_kl = masked_mean(exp.behav_logp - exp.prox_logp, exp.mask).item()
-    assert row["kl_behav_prox"] == pytest.approx(step_kl, rel=1e-6, abs=1e-12)
+    # by hand, token by token: k1 = mean log(pi_behav / pi_prox), k3 = mean (rho - 1 - log rho)
+    gaps = [(b - p) for b_row, p_row, m_row in zip(exp.behav_logp.tolist(), exp.prox_logp.tolist(), exp.mask.tolist())
+            for b, p, m in zip(b_row, p_row, m_row) if m == 1]
+    assert len(gaps) == exp.mask.sum().item() > 0
+    assert row["kl_behav_prox"] == pytest.approx(sum(gaps) / len(gaps), rel=1e-5, abs=1e-9)
+    assert row["kl_behav_prox_k3"] == pytest.approx(sum(math.exp(-g) - 1 + g for g in gaps) / len(gaps),
+                                                    rel=1e-4, abs=1e-12)
     # the experience is row-aligned: every selected minibatch carries the same rows of every tensor
     rows = torch.tensor([2, 0])
     mb = exp[rows]
     assert torch.equal(mb.sequences.input_ids, exp.sequences.input_ids[rows])
     assert torch.equal(mb.prox_logp, exp.prox_logp[rows]) and torch.equal(mb.advantages, exp.advantages[rows])
-    assert mb.old_values is None and len(mb) == 2 and sum(map(len, exp.split(3))) == len(exp)
+    assert mb.old_values is None and len(mb) == 2
 
 
-class ScriptedEngine:
-    """Answers prompt [i] with the responses scripted for problem i (text -> one token per character)."""
+def test_an_update_moves_the_actors_weights_and_the_next_sync_the_engines(trainer):
+    """On a batch with advantages +-1 (a random model's own answers are all wrong: zero advantages, no
+    update), one `update` changes the actor's projections; the engine's log-probs of a fixed sequence
+    change only at the next `sync`, to match the updated actor within the INT8 start gap."""
+    from qurl_mini.actor import token_logprobs
+    from qurl_mini.batch import Experience, pack_sequences
 
-    def __init__(self, responses):
-        self.responses = responses
+    sequence = trainer.probe.sequence
+    prompt_len = len(sequence) // 2
+    seq = pack_sequences([sequence[:prompt_len]] * 4, [sequence[prompt_len:]] * 4, trainer.tokenizer.pad_token_id)
+    mask = seq.response_mask
+    with torch.no_grad():
+        prox = token_logprobs(trainer.actor, seq.input_ids, seq.attention_mask) * mask
+    experience = Experience(seq, prox_logp=prox, behav_logp=prox,
+                            advantages=torch.tensor([1.0, 1.0, 1.0, -0.5])[:, None] * mask,
+                            ref_logp=prox if trainer.reference is not None else None)
+    name = "model.layers.0.self_attn.q_proj.weight"
+    weight_before = trainer.actor.get_parameter(name).detach().clone()
+    engine_before = trainer._engine_probe_logprobs()
 
-    def generate(self, prompts, *, n, temperature, max_tokens, stop_token_ids):
-        from qurl_mini.engine import Rollout
+    scheduler = trainer.schedulers["actor"]
+    scheduler.base_lrs, base_lrs = [1e-2], scheduler.base_lrs  # a step the bf16/INT8 engine cannot miss
+    try:
+        trainer.update(experience)
+    finally:
+        scheduler.base_lrs = base_lrs
+    assert (trainer.actor.get_parameter(name) - weight_before).abs().max() > 0
+    assert torch.equal(trainer._engine_probe_logprobs(), engine_before)  # not synced yet
 
-        return [[Rollout(p, [ord(c) for c in text], [0.0] * len(text), truncated=False)
-                 for text in self.responses[p[0]]] for p in prompts]
-
-
-def test_dapo_drops_an_all_wrong_group_whose_lengths_differ():
-    """DAPO filters on accuracy: the all-wrong group's shaped rewards differ (the overlong penalty
-    reaches 3 of its 4 responses), yet it carries no answer signal and is dropped; the mixed one stays."""
-    from types import SimpleNamespace
-
-    from qurl_mini.algorithms import ALGORITHMS
-    from qurl_mini.data import Problem, PromptSampler
-    from qurl_mini.trainer import Samples, Trainer
-
-    cfg = Config(algo="dapo", prompts_per_step=2, group_size=4, max_new_tokens=8, overlong_buffer=4,
-                 overlong_penalty=1.0, dapo_max_tries=1)
-    problems = [Problem("1+1?", "#### 2", 2.0), Problem("2+2?", "#### 4", 4.0)]
-    responses = {0: ["#### 3", " #### 3", "  #### 3", "####3"],  # all wrong; 6, 7, 8 and 5 tokens
-                 1: ["#### 4", "#### 5", "#### 4", "#### 5"]}  # two right, two wrong
-    fake = SimpleNamespace(cfg=cfg, algorithm=ALGORITHMS["dapo"], train_problems=problems,
-                           sampler=PromptSampler(2, seed=0), engine=ScriptedEngine(responses),
-                           prompts=SimpleNamespace(ids=lambda p: [problems.index(p)]),
-                           tokenizer=SimpleNamespace(eos_token_id=0, decode=lambda ids, **_: "".join(map(chr, ids))))
-    fake.sample = lambda num_prompts=None: Trainer.sample(fake, num_prompts)
-
-    everything = fake.sample(2)
-    wrong = everything.problems.index(problems[0])
-    assert everything.correct[wrong].tolist() == [0, 0, 0, 0]
-    # overlong shaping from 4 tokens on, -1 at 8: lengths 6, 7, 8, 5 -> -0.5, -0.75, -1, -0.25
-    assert everything.rewards[wrong].tolist() == pytest.approx([-0.5, -0.75, -1.0, -0.25])
-
-    fake.sampler = PromptSampler(2, seed=0)  # the same draw again, now through dynamic sampling
-    kept = Trainer.sample_with_dynamic_sampling(fake)
-    assert isinstance(kept, Samples) and kept.problems == [problems[1]]
-    assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 1, "batch_prompts": 1}
-    assert kept.correct[0].tolist() == [1, 0, 1, 0]
-    assert kept.rewards[0].tolist() == pytest.approx([0.5, -0.5, 0.5, -0.5])  # advantages see the shaped reward
+    quantized, _ = trainer.sync()
+    assert name in quantized
+    engine_after = trainer._engine_probe_logprobs()
+    moved = (engine_after - engine_before).abs().mean().item()
+    assert moved > 1e-4
+    assert (engine_after - trainer._actor_probe_logprobs()).abs().mean().item() < moved

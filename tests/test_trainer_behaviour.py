@@ -1,0 +1,142 @@
+"""What the trainer does, pinned so that a broken trainer fails: --objective reaches the loss through
+the trainer's own update, and DAPO's dynamic sampling drops the groups that carry no signal.
+In-process, a tiny random Qwen2, no engine (the update and the sync with a live engine:
+tests/test_trainer.py; UAQ's effect on the INT8 codes: tests/test_quant_uaq.py)."""
+import random
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from qurl_mini.actor import token_logprobs
+from qurl_mini.batch import Experience, pack_sequences
+from qurl_mini.config import Config
+from qurl_mini.embedded import build_char_tokenizer, tiny_qwen2_config
+
+
+def _tiny_actor():
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(0)
+    return Qwen2ForCausalLM(tiny_qwen2_config(build_char_tokenizer(), layers=1, hidden=64, heads=2,
+                                              kv_heads=1)).train()
+
+
+def _bare_trainer(objective: str):
+    """A Trainer with just what `update` uses: the config, a fresh tiny actor and its optimizer (no
+    engine, no data, no reference); one minibatch, no gradient clipping."""
+    from qurl_mini.trainer import Trainer
+
+    trainer = Trainer.__new__(Trainer)
+    trainer.cfg = Config(quant="int8", objective=objective, kl_coef=0.0, minibatches=1, max_grad_norm=1e9)
+    trainer.actor, trainer.reference, trainer.critic = _tiny_actor(), None, None
+    trainer._set_up_optimizers(resume_from=None, state={})
+    return trainer
+
+
+def _experience(actor, log_rho: float) -> Experience:
+    """Six rows; pi_prox = the actor itself (R = 1 before the update) and pi_behav = pi_prox - log_rho
+    on every response token, so rho = pi_prox / pi_behav = exp(log_rho) everywhere; advantages +-1."""
+    rng = random.Random(0)
+    prompts = [[rng.randrange(3, 100) for _ in range(4)] for _ in range(6)]
+    responses = [[rng.randrange(3, 100) for _ in range(rng.randint(3, 7))] for _ in range(6)]
+    seq = pack_sequences(prompts, responses, pad_id=0)
+    mask = seq.response_mask
+    with torch.no_grad():
+        prox = token_logprobs(actor, seq.input_ids, seq.attention_mask) * mask
+    advantages = torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0])[:, None] * mask
+    return Experience(seq, prox_logp=prox, behav_logp=prox - log_rho * mask, advantages=advantages)
+
+
+def _update_gradient(objective: str, log_rho: float) -> torch.Tensor:
+    """The actor's gradient after one `Trainer.update` (its minibatch and micro-batch path), flattened."""
+    trainer = _bare_trainer(objective)
+    stats = trainer.update(_experience(trainer.actor, log_rho))
+    assert stats["skipped_updates"] == 0
+    return torch.cat([p.grad.flatten() for p in trainer.actor.parameters() if p.grad is not None])
+
+
+def test_naive_and_acr_objectives_give_different_gradients_where_rho_is_not_1():
+    """rho = 1.5 (< C = 2): ACR is rho * min(R A, clip(R) A) with R = 1, gradient rho * A * dR;
+    naive's ratio is R / rho = 0.67, outside its clip range [0.8, 1.2]: the tokens with A < 0 are clipped
+    (no gradient) and those with A > 0 carry weight 1, not 1.5. The two must differ, clearly."""
+    naive, acr = _update_gradient("naive", 0.405), _update_gradient("acr", 0.405)
+    assert naive.norm() > 0 and acr.norm() > 0
+    assert (naive - acr).norm() > 0.2 * acr.norm()
+
+
+def test_naive_and_acr_objectives_give_the_same_gradient_where_rho_is_1():
+    """pi_behav = pi_prox: both reduce to PPO's Eq. 1, so the trainer's gradients agree to rounding."""
+    naive, acr = _update_gradient("naive", 0.0), _update_gradient("acr", 0.0)
+    assert acr.norm() > 0
+    assert torch.allclose(naive, acr, rtol=1e-5, atol=1e-9)
+
+
+class ScriptedEngine:
+    """Answers prompt [i] with the responses scripted for problem i (text -> one token per character)."""
+
+    def __init__(self, responses):
+        self.responses = responses
+
+    def generate(self, prompts, *, n, temperature, max_tokens, stop_token_ids):
+        from qurl_mini.engine import Rollout
+
+        return [[Rollout(p, [ord(c) for c in text], [0.0] * len(text), truncated=False)
+                 for text in self.responses[p[0]]] for p in prompts]
+
+
+def _scripted_trainer(problems, responses, **flags):
+    """Just what `sample` and `sample_with_dynamic_sampling` use, with a scripted engine."""
+    from qurl_mini.algorithms import ALGORITHMS
+    from qurl_mini.data import PromptSampler
+    from qurl_mini.trainer import Trainer
+
+    cfg = Config(algo="dapo", prompts_per_step=len(problems), group_size=4, max_new_tokens=8, **flags)
+    fake = SimpleNamespace(cfg=cfg, algorithm=ALGORITHMS["dapo"], train_problems=problems,
+                           sampler=PromptSampler(len(problems), seed=0), engine=ScriptedEngine(responses),
+                           prompts=SimpleNamespace(ids=lambda p: [problems.index(p)]),
+                           tokenizer=SimpleNamespace(eos_token_id=0, decode=lambda ids, **_: "".join(map(chr, ids))))
+    fake.sample = lambda num_prompts=None: Trainer.sample(fake, num_prompts)
+    return fake
+
+
+def test_dapo_dynamic_sampling_drops_the_all_right_and_all_wrong_groups():
+    from qurl_mini.data import Problem
+    from qurl_mini.trainer import Trainer
+
+    problems = [Problem(f"{i}+1?", f"#### {i + 1}", float(i + 1)) for i in range(4)]
+    responses = {0: ["#### 1", "#### 1", "#### 1", "#### 1"],  # all right
+                 1: ["#### 2", "#### 9", "#### 9", "#### 9"],  # one right
+                 2: ["#### 7", "#### 7", "#### 8", "#### 0"],  # all wrong
+                 3: ["#### 4", "#### 4", "#### 4", "#### 3"]}  # three right
+    fake = _scripted_trainer(problems, responses, dapo_max_tries=1)
+    kept = Trainer.sample_with_dynamic_sampling(fake)
+    assert sorted(kept.problems, key=problems.index) == [problems[1], problems[3]]
+    assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 2, "batch_prompts": 2}
+    by_question = {p.question: c.tolist() for p, c in zip(kept.problems, kept.correct)}
+    assert by_question == {"1+1?": [1, 0, 0, 0], "3+1?": [1, 1, 1, 0]}
+
+
+def test_dapo_drops_an_all_wrong_group_whose_lengths_differ():
+    """DAPO filters on accuracy: the all-wrong group's shaped rewards differ (the overlong penalty
+    reaches 3 of its 4 responses), yet it carries no answer signal and is dropped; the mixed one stays."""
+    from qurl_mini.data import Problem, PromptSampler
+    from qurl_mini.trainer import Samples, Trainer
+
+    problems = [Problem("1+1?", "#### 2", 2.0), Problem("2+2?", "#### 4", 4.0)]
+    responses = {0: ["#### 3", " #### 3", "  #### 3", "####3"],  # all wrong; 6, 7, 8 and 5 tokens
+                 1: ["#### 4", "#### 5", "#### 4", "#### 5"]}  # two right, two wrong
+    fake = _scripted_trainer(problems, responses, overlong_buffer=4, overlong_penalty=1.0, dapo_max_tries=1)
+
+    everything = fake.sample(2)
+    wrong = everything.problems.index(problems[0])
+    assert everything.correct[wrong].tolist() == [0, 0, 0, 0]
+    # overlong shaping from 4 tokens on, -1 at 8: lengths 6, 7, 8, 5 -> -0.5, -0.75, -1, -0.25
+    assert everything.rewards[wrong].tolist() == pytest.approx([-0.5, -0.75, -1.0, -0.25])
+
+    fake.sampler = PromptSampler(2, seed=0)  # the same draw again, now through dynamic sampling
+    kept = Trainer.sample_with_dynamic_sampling(fake)
+    assert isinstance(kept, Samples) and kept.problems == [problems[1]]
+    assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 1, "batch_prompts": 1}
+    assert kept.correct[0].tolist() == [1, 0, 1, 0]
+    assert kept.rewards[0].tolist() == pytest.approx([0.5, -0.5, 0.5, -0.5])  # advantages see the shaped reward
