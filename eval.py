@@ -298,8 +298,7 @@ def main(argv=None) -> int:
     import logging
 
     from qurl_mini.data import DataError, load_problems
-    from qurl_mini.engine import Platform
-    from qurl_mini.evaluate import ContextError
+    from qurl_mini.engine import ContextError, Platform
     from qurl_mini.prompts import PromptError
     from qurl_mini.quant import QuantError
 

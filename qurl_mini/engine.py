@@ -6,6 +6,7 @@ kernel, emulates FP8 in bf16 and has no sleep mode. The trainer never names a fo
 """
 import contextlib
 import logging
+import math
 import os
 from dataclasses import dataclass
 
@@ -56,6 +57,22 @@ class Platform:
                         "rounded to %s, computed unquantized; not faster)",
                         quant_fmt.upper(), quant.describe(quant_fmt, group))
         return engine_format
+
+
+class ContextError(ValueError):
+    """Prompt + response do not fit the model's context; the message is one line."""
+
+
+def context_length(longest_prompt: int, max_new_tokens: int, positions: int | None) -> int:
+    """The engine's max_model_len: the longest prompt + the longest response (+ 8 spare), rounded up to a power
+    of two, at most the model's `positions` (None: unknown). A ContextError where they cannot fit."""
+    need = longest_prompt + max_new_tokens
+    if positions is not None and need > positions:
+        raise ContextError(f"prompts of up to {longest_prompt} tokens + --max-new-tokens {max_new_tokens} need {need} "
+                           f"positions, more than the model's context of {positions}; lower --max-new-tokens or set "
+                           f"--max-prompt-tokens")
+    size = 2 ** math.ceil(math.log2(need + 8))
+    return size if positions is None else min(size, positions)
 
 
 class EngineError(RuntimeError):

@@ -135,35 +135,18 @@ def engine_accuracy(engine, tokenizer, problems: list[Problem], max_new_tokens: 
     return result.accuracy, [(p.question, r[0], c[0]) for p, r, c in zip(problems, result.responses, result.correct)]
 
 
-class ContextError(ValueError):
-    """Prompt + response do not fit the model's context; the message is one line."""
-
-
-def engine_max_model_len(tokenizer, problems: list[Problem], max_new_tokens: int, context: int | None,
-                         prompts: PromptBuilder | None = None) -> int:
-    """The engine's max_model_len: the longest prompt + max_new_tokens, rounded up to a power of
-    two (at most the model's own context, `context`, when known)."""
-    prompts = prompt_builder(tokenizer, prompts)
-    longest = max(len(prompts.ids(p)) for p in problems)
-    need = longest + max_new_tokens
-    if context is not None and need > context:
-        raise ContextError(f"--max-new-tokens {max_new_tokens}: the longest prompt ({longest} tokens) plus the "
-                           f"response needs {need} tokens, more than the model's context of {context}")
-    size = 2 ** math.ceil(math.log2(need + 8))
-    return min(size, context) if context is not None else size
-
-
 def start_engine(actor, tokenizer, problems: list[Problem], max_new_tokens: int, *, quant_fmt: str = "none",
                  dtype: str = "auto", seed: int = 0, platform=None, out_dir: str | None = None,
                  prompts: PromptBuilder | None = None, **engine_kwargs):
     """A `RolloutEngine` on the actor ('none' = unquantized, or a `quant.FORMATS` name as the quantized
     sampler sees it; engine_kwargs: quant_group, ...), sized for these problems. Its checkpoint goes to out_dir (default: a temp dir that
     is removed once vLLM has loaded it). Returns the engine."""
-    from .engine import Platform, RolloutEngine
+    from .engine import Platform, RolloutEngine, context_length
 
     platform = platform or Platform.detect()
-    context = getattr(actor.config, "max_position_embeddings", None)
-    max_len = engine_max_model_len(tokenizer, problems, max_new_tokens, context, prompts)
+    prompts = prompt_builder(tokenizer, prompts)
+    max_len = context_length(max(len(prompts.ids(p)) for p in problems), max_new_tokens,
+                             getattr(actor.config, "max_position_embeddings", None))
     temp = tempfile.TemporaryDirectory(prefix="qurl-eval-") if out_dir is None else contextlib.nullcontext(out_dir)
     with temp as where:
         engine, _ = RolloutEngine.from_actor(actor, tokenizer, where, quant_fmt=quant_fmt, platform=platform,

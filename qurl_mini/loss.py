@@ -65,33 +65,36 @@ OBJECTIVE_FNS = {"ppo": objective_ppo, "naive": objective_naive, "decoupled": ob
 OBJECTIVES = tuple(OBJECTIVE_FNS)
 
 
-def masked_mean(x, mask, dim=None):
-    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
+def masked_mean(x, mask, dim=None, over=None):
+    """Mean of x where mask is 1. `over`: the count to divide by instead of the mask's own: a micro-batch
+    divides by its whole minibatch's count, so that the micro-batches' results add up to the minibatch's."""
+    return (x * mask).sum(dim) / (mask.sum(dim).clamp(min=1) if over is None else over)
 
 
-def aggregate(per_token, mask, agg):
-    """'token-mean': over all masked tokens; 'seq-mean-token-mean': Eq. 1's 1/G sum_i 1/|o_i| sum_t."""
+def aggregate(per_token, mask, agg, over=None):
+    """'token-mean': sum_t over all tokens / their number; 'seq-mean-token-mean': Eq. 1's
+    1/G sum_i 1/|o_i| sum_t, G = the non-empty rows. `over`: that number of tokens or of rows
+    (`aggregation_units`) of the whole minibatch, for a micro-batch of it."""
     if agg == "token-mean":
-        return masked_mean(per_token, mask)
+        return masked_mean(per_token, mask, over=over)
     if agg == "seq-mean-token-mean":
         has_tokens = mask.sum(-1) > 0
-        per_seq = masked_mean(per_token, mask, dim=-1)
-        return per_seq[has_tokens].sum() / has_tokens.sum().clamp(min=1)
+        per_seq = masked_mean(per_token, mask, dim=-1)  # 1/|o_i| sum_t
+        return per_seq[has_tokens].sum() / (has_tokens.sum().clamp(min=1) if over is None else over)
     raise ValueError(f"unknown aggregation {agg!r}; choose from {AGGREGATIONS}")
 
 
 def aggregation_units(mask, agg):
-    """What `aggregate` averages over: tokens ('token-mean') or non-empty rows. Micro-batches of one
-    minibatch are weighted by their share of these units, so accumulation equals one big batch."""
+    """What `aggregate` divides by: the tokens ('token-mean') or the non-empty rows (G)."""
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {agg!r}; choose from {AGGREGATIONS}")
     return mask.sum() if agg == "token-mean" else (mask.sum(-1) > 0).sum()
 
 
 def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, clip_low=0.2,
-                clip_high=0.2, tis_cap=2.0, agg="token-mean"):
-    """loss = -aggregate(objective per token), and stats about clipping and truncation (the sampler gap over
-    the whole step, KL(behav || prox): `sampler_mismatch`)."""
+                clip_high=0.2, tis_cap=2.0, agg="token-mean", over=None):
+    """loss = -aggregate(objective per token) (`over`: the minibatch's units, for a micro-batch of it), and
+    stats about clipping and truncation (the sampler gap over the whole step: `sampler_mismatch`)."""
     if objective not in OBJECTIVE_FNS:
         raise ValueError(f"unknown objective {objective!r}; choose from {OBJECTIVES}")
     mask = mask.to(logp.dtype)
@@ -100,7 +103,7 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, cli
     R_hat = torch.exp(logp - behav_logp)
     rho = torch.exp(prox_logp - behav_logp)
     surrogate = OBJECTIVE_FNS[objective](R, R_hat, rho, clip_low, clip_high, tis_cap)
-    loss = -aggregate(surrogate.per_token(A), mask, agg)
+    loss = -aggregate(surrogate.per_token(A), mask, agg, over)
     with torch.no_grad():
         stats = surrogate_stats(surrogate, A, rho, mask, plain_high=1 + clip_high, tis_cap=tis_cap)
     return loss, stats
@@ -149,8 +152,8 @@ def kl_k3(logp, ref_logp):
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def value_loss(values, old_values, returns, mask, clip=0.2):
-    """PPO's clipped value loss: 0.5 * max((V - G)^2, (clip(V, V_old +- c) - G)^2)."""
+def value_loss(values, old_values, returns, mask, clip=0.2, over=None):
+    """PPO's clipped value loss: 0.5 * max((V - G)^2, (clip(V, V_old +- c) - G)^2), a token mean."""
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
     loss = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    return masked_mean(loss, mask)
+    return masked_mean(loss, mask, over=over)

@@ -12,7 +12,6 @@ What differs between GRPO, PPO and DAPO is data: `algorithms.ALGORITHMS`.
 import contextlib
 import json
 import logging
-import math
 import os
 import random
 import time
@@ -29,7 +28,7 @@ from .batch import Experience, align_per_token, pack_sequences
 from .config import Config
 from .data import Problem, PromptSampler, load_problems, reward
 from .embedded import warm_start
-from .engine import Platform, Rollout, RolloutEngine
+from .engine import Platform, Rollout, RolloutEngine, context_length
 from .evaluate import greedy_accuracy
 from .hardware import describe_cpu
 from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, sampler_mismatch, value_loss
@@ -216,16 +215,12 @@ class Trainer:
         """vLLM on a (quantized) copy of the actor, sized for the longest prompt plus response."""
         cfg = self.cfg
         longest_prompt = cfg.max_prompt_tokens or max(len(self.prompts.ids(p)) for p in self.train_problems[:2000])
-        positions = getattr(self.actor.config, "max_position_embeddings", None) or math.inf
-        if longest_prompt + cfg.max_new_tokens > positions:
-            raise TrainingError(f"prompts of up to {longest_prompt} tokens + --max-new-tokens {cfg.max_new_tokens} do "
-                                f"not fit the model's {positions} positions; lower --max-new-tokens or set "
-                                f"--max-prompt-tokens")
-        max_len = min(2 ** math.ceil(math.log2(longest_prompt + cfg.max_new_tokens + 8)), positions)
+        positions = getattr(self.actor.config, "max_position_embeddings", None)
+        max_len = context_length(longest_prompt, cfg.max_new_tokens, positions)
         engine, quantized = RolloutEngine.from_actor(
             self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, quant_group=cfg.quant_group,
-            platform=self.platform, seed=cfg.seed,
-            max_model_len=max_len, dtype=cfg.engine_dtype, kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
+            platform=self.platform, seed=cfg.seed, max_model_len=max_len, dtype=cfg.engine_dtype,
+            kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
         if quantized:
             self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
         return engine
@@ -410,16 +405,16 @@ class Trainer:
 
     def _minibatch_step(self, minibatch: Experience) -> dict | None:
         """One optimizer step, gradients accumulated over micro-batches (--micro-batch-size rows or
-        --max-tokens-per-micro-batch tokens), each term weighted by the micro-batch's share of what
-        it averages over, so the sum is the whole minibatch's loss (tests/test_micro_batches.py)."""
+        --max-tokens-per-micro-batch tokens). Each micro-batch's loss divides by the whole minibatch's
+        count (`over`), so the micro-batch losses add up to the minibatch's (tests/test_micro_batches.py)."""
         cfg = self.cfg
-        totals = {"policy": aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1),
-                  "tokens": minibatch.mask.sum().clamp(min=1)}  # KL and value loss are token means
+        over = {"policy": aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1),  # G rows, or tokens
+                "tokens": minibatch.mask.sum().clamp(min=1)}  # KL and value loss are token means
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
         sums = {}
         for micro in minibatch.micro_batches(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
-            loss, stats = self._micro_loss(micro.to(device_of(self.actor)), totals)
+            loss, stats = self._micro_loss(micro.to(device_of(self.actor)), over)
             if not torch.isfinite(loss):
                 log.warning("non-finite loss (%s); skipping this update", loss.item())
                 return None
@@ -438,33 +433,29 @@ class Trainer:
         sums["grad_norm"] = grad_norm.item()
         return sums
 
-    def _micro_loss(self, micro: Experience, totals: dict):
-        """One micro-batch's part of the minibatch loss: the policy objective (+ k3 KL to the
-        reference, + PPO's value loss), each weighted by the micro-batch's share of its units in
-        `totals` (policy: aggregation_units of --loss-agg; KL and value loss: response tokens).
-        The stats are weighted the same way, so summing them over micro-batches gives the minibatch's."""
+    def _micro_loss(self, micro: Experience, over: dict):
+        """One micro-batch's part of the minibatch loss: the policy objective (+ k3 KL to the reference,
+        + PPO's value loss), each divided by the minibatch's units in `over`. The policy's stats (shares of
+        this micro-batch's tokens) are weighted by its share of those units, so they too add up."""
         cfg, seq, m = self.cfg, micro.sequences, micro.mask
-        policy_share = aggregation_units(m, cfg.loss_agg) / totals["policy"]
-        token_share = m.sum() / totals["tokens"]
         with autocast_context(seq.input_ids.device.type):
             logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
             values = self.critic(seq.input_ids, seq.attention_mask) if self.critic is not None else None
-        policy, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
-                                    objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                    tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
-        stats = {k: v * policy_share.item() for k, v in stats.items()}
-        stats["policy_loss"] = policy.item() * policy_share.item()
-        loss = policy * policy_share
+        loss, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
+                                  objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                                  tis_cap=cfg.tis_cap, agg=cfg.loss_agg, over=over["policy"])
+        share = (aggregation_units(m, cfg.loss_agg) / over["policy"]).item()
+        stats = {**{k: v * share for k, v in stats.items()}, "policy_loss": loss.item()}
         if self.reference is not None:
             # padding: pi_ref := pi_theta, so the k3 term is exactly 0 there (ref_logp may be 0 there,
             # and exp(0 - logp) can overflow to inf, which the mask's 0 would turn into NaN)
-            kl = masked_mean(kl_k3(logp, torch.where(m > 0, micro.ref_logp, logp.detach())), m)
-            loss = loss + cfg.kl_coef * kl * token_share
-            stats["kl_ref"] = kl.item() * token_share.item()
+            kl = masked_mean(kl_k3(logp, torch.where(m > 0, micro.ref_logp, logp.detach())), m, over=over["tokens"])
+            loss = loss + cfg.kl_coef * kl
+            stats["kl_ref"] = kl.item()
         if values is not None:
-            v_loss = value_loss(values, micro.old_values, micro.returns, m, cfg.value_clip)
-            loss = loss + v_loss * token_share
-            stats["value_loss"] = v_loss.item() * token_share.item()
+            v_loss = value_loss(values, micro.old_values, micro.returns, m, cfg.value_clip, over=over["tokens"])
+            loss = loss + v_loss
+            stats["value_loss"] = v_loss.item()
         return loss, stats
 
     def save(self, step: int) -> str:

@@ -171,7 +171,7 @@ def test_nan_loss_skips_updates_counts_them_and_stops_after_max_bad_steps(tmp_pa
 def test_lengths_that_do_not_fit_the_model_get_one_line(tiny, data_file, tmp_path, capfd):
     code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--max-new-tokens", "300"],
                           capfd)
-    assert code == 2 and "do not fit the model's 256 positions" in one_line_error(err)
+    assert code == 2 and "more than the model's context of 256" in one_line_error(err)
     code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--max-prompt-tokens", "3"],
                           capfd)
     assert code == 2 and "every prompt is longer than --max-prompt-tokens 3" in one_line_error(err)

@@ -10,8 +10,7 @@ import pytest
 import eval as eval_script
 from qurl_mini.data import load_problems
 from qurl_mini.embedded import build_tiny_model
-from qurl_mini.evaluate import (ContextError, avg_at_k, engine_max_model_len, mean_pass_at_k, pass_at_k,
-                                pass_at_ks)
+from qurl_mini.evaluate import avg_at_k, mean_pass_at_k, pass_at_k, pass_at_ks
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(REPO, ".cache")  # the warm start tests/test_e2e.py and the demo use: built once
@@ -49,16 +48,14 @@ def test_avg_and_pass_at_k_over_problems():
 
 
 def test_max_model_len_fits_the_longest_prompt_and_the_response():
-    from qurl_mini.embedded import build_char_tokenizer
+    """One helper sizes the engine for the trainer and for eval.py, and refuses what cannot fit."""
+    from qurl_mini.engine import ContextError, context_length
 
-    tokenizer = build_char_tokenizer()
-    _, test = load_problems("synthetic", None, 50, 0, 10)
-    longest = max(len(tokenizer.encode(p.prompt)) for p in test)
-    size = engine_max_model_len(tokenizer, test, 24, context=256)
-    assert longest + 24 <= size <= 256
-    assert engine_max_model_len(tokenizer, test, 180, context=256) == 256  # capped at the model's context
-    with pytest.raises(ContextError, match="more than the model's context of 256"):
-        engine_max_model_len(tokenizer, test, 300, context=256)
+    assert context_length(40, 24, positions=256) == 128  # 40 + 24 + 8 spare = 72, up to a power of two
+    assert context_length(40, 24, positions=None) == 128
+    assert context_length(40, 180, positions=256) == 256  # capped at the model's context
+    with pytest.raises(ContextError, match="need 340 positions, more than the model's context of 256"):
+        context_length(40, 300, positions=256)
 
 
 # ----- bad input: one line, exit 2 -------------------------------------------------------------
