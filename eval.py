@@ -11,329 +11,174 @@ of Chen et al. (2021) from those K samples, i.e. the share of problems with any 
     python eval.py --model M --quant int8                  # what the INT8 rollout engine would produce
     python eval.py --model M --quant int2 --quant-group 32 # a mismatch-dial format (emulated, beyond the paper)
 """
-import argparse
-import gc
 import json
 import math
 import os
 import sys
-import time
+from dataclasses import dataclass, field, fields
+from typing import Optional
 
 from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
 
 if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
     quiet_third_parties(verbose_requested())
 
+from qurl_mini.config import Config, ConfigError, flag, need  # noqa: E402
 from qurl_mini.paths import ModelError, PathError, check_model_dir, check_output_file  # noqa: E402
-from qurl_mini.quant import FORMATS  # noqa: E402
 
-QUANT_FORMATS = ("none", *FORMATS)
-ENGINE_DTYPES = ("auto", "bfloat16", "float32")
-DEFAULTS = dict(data="synthetic", eval_size=200, max_new_tokens=24, max_number=10, seed=0)
-
-
-class InputError(ValueError):
-    """A bad flag or run folder: the message is one line."""
+TRAIN_FLAGS = {f.name: f for f in fields(Config)}
+CHECKED_AS_IN_TRAIN = ("data", "eval_size", "max_new_tokens", "prompt_format", "max_prompt_tokens", "max_number", "quant",
+                       "quant_group", "engine_dtype", "kv_cache_gib", "gpu_memory_utilization")
+RUN_PROBLEMS = ("data", "test_data", "seed", "max_number", "max_new_tokens", "eval_size")  # the run's held-out set
+RUN_SETTINGS = ("temperature", "engine_dtype", "prompt_format", "max_prompt_tokens")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add = parser.add_argument
-    add("--model", nargs="+", default=[], help="HF folders or hub ids to evaluate")
-    add("--run", default=None, help="a train.py run folder: evaluate its start and final models on that run's "
-                                    "held-out problems and settings (data, split seed, --max-new-tokens, ...)")
-    add("--data", default=None, help="'synthetic', 'gsm8k' or a .jsonl/.parquet file (default: synthetic)")
-    add("--test-data", default=None, help="held-out file (default: split off --data)")
-    add("--eval-size", type=int, default=None, help="held-out problems (default 200; GSM8K's test set has 1319)")
-    add("--max-new-tokens", type=int, default=None, help="longest response (default 24)")
-    add("--prompt-format", choices=["auto", "plain", "chat"], default=None,
-        help="as train.py's (default: the run's, else auto = chat when the tokenizer has a chat template)")
-    add("--max-prompt-tokens", type=int, default=None, help="drop (and count) longer prompts, as train.py does "
-                                                            "(default: the run's, else none dropped)")
-    add("--max-number", type=int, default=None, help="synthetic task: largest number (default 10)")
-    add("--seed", type=int, default=None, help="split seed (must match training for a file) and engine seed")
-    add("--k", type=int, default=1, help="samples per problem for Avg@k and pass@k (1 = greedy Avg@1 only)")
-    add("--temperature", type=float, default=None, help="sampling temperature of the k samples (default: the "
-                                                        "run's rollout temperature, else 1.0)")
-    add("--top-p", type=float, default=1.0, help="nucleus sampling of the k samples, in (0, 1]")
-    add("--quant", choices=QUANT_FORMATS, default="none",
-        help="engine precision: unquantized (none), or what the W8A8 INT8 / FP8 rollout engine would produce "
-             "(FP8 is emulated without an FP8 kernel; int6 .. int2 are the emulated mismatch-dial formats)")
-    add("--quant-group", type=int, default=None,
-        help="int6 .. int2: input columns sharing one weight scale (0 = per output channel; default 32)")
-    add("--engine-dtype", choices=ENGINE_DTYPES, default=None,
-        help="engine's unquantized dtype: auto = bfloat16 with bf16 arithmetic, else float32 (default: the run's, "
-             "else auto)")
-    add("--batch-size", type=int, default=1024, help="sequences per engine call (vLLM batches within a call)")
-    add("--kv-cache-gib", type=int, default=1, help="CPU engine KV cache (GiB)")
-    add("--gpu-memory-utilization", type=float, default=0.85,
-        help="CUDA engine memory share (nothing else lives on the GPU during evaluation)")
-    add("--show", type=int, default=3, help="example responses to print (and save) per model")
-    add("--out", default=None, help="write the results as JSON here")
-    add("--verbose", action="store_true", help="show third-party warnings and progress bars (vLLM, torch, "
-                                               "transformers); also QURL_VERBOSE=1. Errors always show")
-    return parser
+def _as_in_train(name: str, **override):
+    """train.py's flag `name`: its default and help (eval.py reads the same problems, builds the same engine)."""
+    train = TRAIN_FLAGS[name]
+    return field(default=override.pop("default", train.default), metadata={**train.metadata, **override})
 
 
-def resolve_run(args) -> dict:
-    """Fill args from a train.py run's summary.json; returns the summary."""
-    run = args.run
-    if not os.path.isdir(run):
-        raise InputError(f"--run {run}: no such folder")
+@dataclass
+class EvalConfig:
+    model: list[str] = field(default_factory=list, metadata={"help": "HF folders or hub ids to evaluate"})
+    run: Optional[str] = flag(None, "a train.py run folder: evaluate its start and final models on that run's held-out "
+                                  "problems and settings (its summary.json gives the defaults; flags given win)")
+    data: TRAIN_FLAGS["data"].type = _as_in_train("data")
+    test_data: TRAIN_FLAGS["test_data"].type = _as_in_train("test_data")
+    eval_size: int = _as_in_train("eval_size", help="held-out problems (GSM8K's test set has 1319)")
+    max_new_tokens: int = _as_in_train("max_new_tokens")
+    prompt_format: TRAIN_FLAGS["prompt_format"].type = _as_in_train("prompt_format")
+    max_prompt_tokens: Optional[int] = _as_in_train("max_prompt_tokens")
+    max_number: int = _as_in_train("max_number")
+    seed: int = _as_in_train("seed", help="split seed (must match training for a file) and engine seed")
+    k: int = flag(1, "samples per problem for Avg@k and pass@k (1 = greedy Avg@1 only)")
+    temperature: float = _as_in_train("temperature", help="sampling temperature of the k samples")
+    top_p: float = flag(1.0, "nucleus sampling of the k samples, in (0, 1]")
+    quant: TRAIN_FLAGS["quant"].type = _as_in_train("quant")
+    quant_group: Optional[int] = _as_in_train("quant_group")
+    engine_dtype: TRAIN_FLAGS["engine_dtype"].type = _as_in_train("engine_dtype")
+    batch_size: int = flag(1024, "sequences per engine call (vLLM batches within a call)")
+    kv_cache_gib: int = _as_in_train("kv_cache_gib")
+    gpu_memory_utilization: float = _as_in_train("gpu_memory_utilization", default=0.85, help="CUDA engine memory "
+                                                 "share (nothing else lives on the GPU during evaluation)")
+    show: int = flag(3, "example responses to print (and save) per model")
+    out: Optional[str] = flag(None, "write the results as JSON here")
+    verbose: bool = _as_in_train("verbose")
+
+    def __post_init__(self):
+        Config(**{name: getattr(self, name) for name in CHECKED_AS_IN_TRAIN})  # checked as train.py checks them
+        for name in ("k", "batch_size"):
+            need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        need(self.show >= 0, f"--show must be >= 0, got {self.show}")
+        need(math.isfinite(self.temperature) and self.temperature >= 0,
+             f"--temperature must be >= 0 (0 = greedy), got {self.temperature}")
+        need(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
+        if self.out:
+            check_output_file(self.out, "--out")
+
+
+def read_run(run: str) -> tuple[dict, dict]:
+    """A train.py run's summary.json: (its settings as flag values: its held-out problems, temperature, engine dtype
+    and prompts; {model path as seen from here: (role, train.py's HF greedy accuracy)} of its start and final)."""
     path = os.path.join(run, "summary.json")
-    if not os.path.isfile(path):
-        raise InputError(f"--run {run}: no summary.json (has the run finished?)")
+    need(os.path.isdir(run), f"--run {run}: no such folder")
+    need(os.path.isfile(path), f"--run {run}: no summary.json (has the run finished?)")
     try:
         with open(path) as f:
             summary = json.load(f)
-        cfg = summary["config"]
-        base, final = summary["base_model"], summary["final_model"]
-        settings = {name: cfg[name] for name in ("data", "test_data", "seed", "max_number", "max_new_tokens",
-                                                 "eval_size")}
+        train = summary["config"]
+        settings = {name: train[name] for name in RUN_PROBLEMS}
+        models = {summary["base_model"]: ("start", summary.get("initial_test_accuracy")),
+                  summary["final_model"]: ("final", summary.get("final_test_accuracy"))}
     except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise InputError(f"--run {run}: summary.json is not JSON ({e})") from None
+        raise ConfigError(f"--run {run}: summary.json is not JSON ({e})") from None
     except (KeyError, TypeError) as e:
-        raise InputError(f"--run {run}: summary.json lacks {e} (not a train.py summary?)") from None
-    for name, value in settings.items():  # the run's held-out problems, exactly
-        setattr(args, name, value)
-    if args.temperature is None:
-        args.temperature = cfg.get("temperature", 1.0)
-    if args.engine_dtype is None:
-        args.engine_dtype = cfg.get("engine_dtype", "auto")
-    if args.prompt_format is None:
-        args.prompt_format = cfg.get("prompt_format", "auto")
-    if args.max_prompt_tokens is None:
-        args.max_prompt_tokens = cfg.get("max_prompt_tokens")
-    rel = os.path.join(cfg.get("out_dir", "runs"), cfg.get("run_name", os.path.basename(os.path.normpath(run))))
-    roles = {_run_path(base, run, rel): "start", _run_path(final, run, rel): "final"}
-    args.model = list(roles) + [m for m in args.model if m not in roles]
-    return {"summary": summary, "roles": roles,
-            "trainer_greedy": {_run_path(base, run, rel): summary.get("initial_test_accuracy"),
-                               _run_path(final, run, rel): summary.get("final_test_accuracy")}}
+        raise ConfigError(f"--run {run}: summary.json lacks {e} (not a train.py summary?)") from None
+    settings.update({name: train[name] for name in RUN_SETTINGS if name in train})
+    inside = os.path.join(train.get("out_dir", "runs"), train.get("run_name", os.path.basename(os.path.normpath(run))))
+    return settings, {_seen_from_here(model, run, inside): role for model, role in models.items()}
 
 
-def _run_path(path: str, run: str, rel_run: str) -> str:
-    """A path from summary.json (relative to where train.py ran), as seen from here."""
-    if os.path.isabs(path) or os.path.exists(path):
-        return path
-    norm_run, norm_rel = os.path.normpath(run), os.path.normpath(rel_run)
-    if norm_run.endswith(norm_rel):  # run = <train.py's cwd>/<out_dir>/<run_name>
-        candidate = os.path.join(norm_run[: len(norm_run) - len(norm_rel)] or ".", path)
-        if os.path.exists(candidate):
-            return os.path.normpath(candidate)
-    if os.path.normpath(path).endswith(norm_rel + os.sep + "final"):
-        candidate = os.path.join(norm_run, "final")
-        if os.path.exists(candidate):
-            return candidate
-    return path  # a hub id, or missing (load_actor says so)
+def _seen_from_here(path: str, run: str, inside: str) -> str:
+    """A path from summary.json, relative to where train.py ran (the folder holding `inside` = out_dir/run_name,
+    when `run` ends with it), or to the run folder itself (a moved run's final model); else as it is (a hub id)."""
+    run, inside = os.path.normpath(run), os.path.normpath(inside)
+    candidates = [path, os.path.join(run, os.path.relpath(path, inside))]
+    if run.endswith(inside):
+        candidates.insert(1, os.path.join(run[:-len(inside)] or ".", path))
+    return next((os.path.normpath(c) for c in candidates if os.path.exists(c)), path)
 
 
-def check(args) -> None:
-    for name, value in DEFAULTS.items():
-        if getattr(args, name) is None:
-            setattr(args, name, value)
-    if args.temperature is None:
-        args.temperature = 1.0
-    if args.engine_dtype is None:
-        args.engine_dtype = "auto"
-    if args.prompt_format is None:
-        args.prompt_format = "auto"
-    if args.quant_group is not None and (args.quant_group < 0 or args.quant == "none"):
-        raise InputError(f"--quant-group {args.quant_group}: must be >= 0 (0 = per output channel), with a "
-                         f"quantized --quant")
-    if args.quant_group and FORMATS[args.quant].vllm_kernel:
-        raise InputError(f"--quant {args.quant} is vLLM's W8A8 kernel, per output channel: --quant-group must be 0")
-    if args.max_prompt_tokens is not None and args.max_prompt_tokens < 1:
-        raise InputError(f"--max-prompt-tokens must be >= 1, got {args.max_prompt_tokens}")
-    if args.engine_dtype not in ENGINE_DTYPES:
-        raise InputError(f"--engine-dtype {args.engine_dtype!r}: choose from {ENGINE_DTYPES}")
-    if not args.model:
-        raise InputError("give --model DIR [DIR ...] or --run RUN_DIR")
-    for model in args.model:  # before any model is evaluated (load_actor checks the rest)
+def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
+    """The flags (a --run's settings as their defaults), the run's models, and whether --temperature or --top-p
+    was given; a bad value raises ConfigError or PathError (one line)."""
+    import argparse
+
+    from transformers import HfArgumentParser
+
+    parser = HfArgumentParser(EvalConfig, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    pre = argparse.ArgumentParser(add_help=False)
+    pre.add_argument("--run")
+    run, run_models = pre.parse_known_args(argv)[0].run, {}
+    if run:
+        settings, run_models = read_run(run)
+        parser.set_defaults(**settings)
+    (cfg,) = parser.parse_args_into_dataclasses(args=argv)
+    cfg.model = list(run_models) + [m for m in cfg.model if m not in run_models]
+    need(bool(cfg.model), "give --model DIR [DIR ...] or --run RUN_DIR")
+    for model in cfg.model:  # before any model is evaluated (load_actor checks the rest)
         try:
             check_model_dir(model)
         except ModelError as e:
-            where = f" (named in --run {args.run}/summary.json)" if args.run and model in args.model[:2] else ""
-            raise InputError(f"{e}{where}") from None
-    for name in ("eval_size", "max_new_tokens", "k", "batch_size", "kv_cache_gib", "max_number"):
-        if getattr(args, name) < 1:
-            raise InputError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(args, name)}")
-    if args.show < 0:
-        raise InputError(f"--show must be >= 0, got {args.show}")
-    if not (math.isfinite(args.temperature) and args.temperature >= 0):
-        raise InputError(f"--temperature must be >= 0 (0 = greedy), got {args.temperature}")
-    if not (0 < args.top_p <= 1):
-        raise InputError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if not (0 < args.gpu_memory_utilization < 1):
-        raise InputError(f"--gpu-memory-utilization must be in (0, 1), got {args.gpu_memory_utilization}")
-    if args.out:
-        check_output_file(args.out, "--out")
-
-
-def evaluate_model(path: str, test, args, platform) -> dict:
-    """Avg@1 (and Avg@k, pass@k) of one checkpoint; its engine is shut down before returning."""
-    from qurl_mini.actor import load_actor
-    from qurl_mini.evaluate import EngineEval, engine_samples, free_engine, mean_pass_at_k, pass_at_ks, start_engine
-    from qurl_mini.progress import progress_bar
-
-    from qurl_mini.prompts import PromptBuilder
-
-    t0 = time.time()
-    actor, tokenizer = load_actor(path)
-    prompts = PromptBuilder(args.prompt_format, tokenizer)
-    test = prompts.fitting(test, args.max_prompt_tokens, "test problems")
-    engine = start_engine(actor, tokenizer, test, args.max_new_tokens, quant_fmt=args.quant,
-                          quant_group=args.quant_group, dtype=args.engine_dtype,
-                          seed=args.seed, platform=platform, prompts=prompts, kv_cache_gib=args.kv_cache_gib,
-                          gpu_memory_utilization=args.gpu_memory_utilization)
-    del actor  # the engine holds its own copy
-    gc.collect()
-    t_start = time.time() - t0
-    sampling = args.k > 1 and args.temperature > 0
-    per_call = max(1, args.batch_size // args.k)
-    calls = -(-len(test) // max(1, args.batch_size)) + (-(-len(test) // per_call) if sampling else 0)
-    try:
-        with progress_bar(f"eval {os.path.basename(os.path.normpath(path)) or path}", calls) as advance:
-            t1 = time.time()
-            greedy = engine_samples(engine, tokenizer, test, args.max_new_tokens, batch_sequences=args.batch_size,
-                                    advance=lambda info: advance(f"greedy {info}"), prompts=prompts)
-            t_greedy = time.time() - t1
-            t1 = time.time()
-            sampled = greedy
-            if sampling:
-                sampled = engine_samples(engine, tokenizer, test, args.max_new_tokens, n=args.k,
-                                         temperature=args.temperature, top_p=args.top_p,
-                                         batch_sequences=args.batch_size,
-                                         advance=lambda info: advance(f"k={args.k} samples {info}"), prompts=prompts)
-            elif args.k > 1:  # temperature 0: k copies of the greedy response
-                sampled = EngineEval(test, *([row * args.k for row in rows] for rows in
-                                             (greedy.responses, greedy.correct, greedy.lengths, greedy.truncated)))
-            t_sampled = time.time() - t1
-        engine_format, engine_dtype = engine.engine_format, engine.dtype
-    finally:
-        free_engine(engine)
-        del engine
-        gc.collect()
-    result = {
-        "avg@1": greedy.accuracy, "n_problems": len(test), "engine_format": engine_format,
-        "engine_dtype": engine_dtype, "greedy_mean_response_tokens": greedy.mean_length,
-        "greedy_truncated_frac": greedy.truncated_frac,
-        "time_s": {"load_and_start_engine": round(t_start, 2), "greedy": round(t_greedy, 2)},
-        "greedy_correct": [int(c[0]) for c in greedy.correct],
-    }
-    if args.k > 1:
-        result.update({
-            f"avg@{args.k}": sampled.accuracy, f"pass@{args.k}": mean_pass_at_k(sampled.correct, args.k),
-            "pass@": {str(j): mean_pass_at_k(sampled.correct, j) for j in pass_at_ks(args.k)},
-            "sampled_mean_response_tokens": sampled.mean_length, "sampled_truncated_frac": sampled.truncated_frac,
-            "sampled_correct_counts": [sum(c) for c in sampled.correct],
-        })
-        if sampling:
-            result["time_s"]["sampled"] = round(t_sampled, 2)
-    result["examples"] = [
-        {"question": p.question, "target": p.target, "greedy": greedy.responses[i][0],
-         "greedy_correct": greedy.correct[i][0],
-         **({"samples": [{"response": r, "correct": c} for r, c in
-                         list(zip(sampled.responses[i], sampled.correct[i]))[:4]]} if sampling else {})}
-        for i, p in enumerate(test[: args.show])]
-    return result
-
-
-def print_results(results: dict, args, n_problems: int, run_info: dict | None) -> None:
-    from rich.console import Console
-    from rich.table import Table
-
-    k = args.k
-    first = next(iter(results.values()))
-    title = (f"{args.data}: {n_problems} held-out problems, <= {args.max_new_tokens} new tokens, "
-             f"vLLM engine {first['engine_format']} / {first['engine_dtype']}")
-    caption = "Avg@1: greedy (temperature 0)"
-    if k > 1:
-        caption += (f"; Avg@{k}: mean over {k} samples per problem (T={args.temperature:g}, top-p={args.top_p:g}); "
-                    f"pass@{k}: unbiased estimator (Chen et al. 2021) from {k} samples = any correct")
-    table = Table(title=title, caption=caption)
-    table.add_column("model", overflow="fold")
-    table.add_column("Avg@1", justify="right")
-    if k > 1:
-        table.add_column(f"Avg@{k}", justify="right")
-        table.add_column(f"pass@{k}", justify="right")
-    table.add_column("problems", justify="right")
-    table.add_column("mean len", justify="right")
-    table.add_column("truncated", justify="right")
-    if run_info:
-        table.add_column("train.py greedy (HF)", justify="right")
-    table.add_column("time", justify="right")
-    for path, r in results.items():
-        label = f"{run_info['roles'][path]}: {path}" if run_info and path in run_info["roles"] else path
-        row = [label, f"{100 * r['avg@1']:.1f}%"]
-        if k > 1:
-            row += [f"{100 * r[f'avg@{k}']:.1f}%", f"{100 * r[f'pass@{k}']:.1f}%"]
-        row += [str(r["n_problems"]), f"{r['greedy_mean_response_tokens']:.1f}",
-                f"{100 * r['greedy_truncated_frac']:.0f}%"]
-        if run_info:
-            hf = run_info["trainer_greedy"].get(path)
-            row.append("-" if hf is None else f"{100 * hf:.1f}%")
-        row.append(f"{sum(r['time_s'].values()):.1f}s")
-        table.add_row(*row)
-    console = Console()
-    if not console.is_terminal:  # a log file or a pipe: no need to squeeze the table into 80 columns
-        console.width = max(console.width, 160)
-    console.print(table)
-    for path, r in results.items():
-        for ex in r["examples"]:
-            console.print(f"[dim]{path}[/dim] {'✓' if ex['greedy_correct'] else '✗'} {ex['question']!r} -> "
-                          f"{ex['greedy']!r}", markup=True, highlight=False)
+            raise ConfigError(f"{e}{f' (named in --run {run}/summary.json)' if model in run_models else ''}") from None
+    return cfg, run_models, any(getattr(cfg, n) != parser.get_default(n) for n in ("temperature", "top_p"))
 
 
 def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    sampling_flags = args.temperature is not None or args.top_p != 1.0
     try:
-        run_info = resolve_run(args) if args.run else None
-        check(args)
-    except (InputError, PathError) as e:
+        cfg, run_models, sampling_flags = parse_args(argv)
+    except (ConfigError, PathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    setup_logging(verbose_requested(argv))  # --verbose or QURL_VERBOSE=1
+    setup_logging(cfg.verbose or verbose_requested(argv))  # or QURL_VERBOSE=1
     import logging
 
     from qurl_mini.data import DataError, load_problems
     from qurl_mini.engine import ContextError, Platform
+    from qurl_mini.evaluate import evaluate_checkpoint, print_results
     from qurl_mini.prompts import PromptError
     from qurl_mini.quant import QuantError
 
     log = logging.getLogger("qurl_mini")
-    if args.k > 1 and args.temperature == 0:
+    if cfg.k > 1 and cfg.temperature == 0:
         log.warning("--temperature 0 with --k %d: the %d samples would all be the greedy response; Avg@k = Avg@1 "
-                    "(not generated again)", args.k, args.k)
-    elif args.k == 1 and sampling_flags:
+                    "(not generated again)", cfg.k, cfg.k)
+    elif cfg.k == 1 and sampling_flags:
         log.warning("--k 1: only greedy Avg@1 is computed; --temperature and --top-p apply to --k > 1")
     platform = Platform.detect()
     try:
-        _, test = load_problems(args.data, args.test_data, args.eval_size, args.seed, args.max_number)
+        _, test = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
         results = {}
-        for path in dict.fromkeys(args.model):
-            results[path] = evaluate_model(path, test, args, platform)
-            if run_info and path in run_info["roles"]:
-                results[path].update(role=run_info["roles"][path],
-                                     train_py_greedy_accuracy=run_info["trainer_greedy"][path])
+        for path in dict.fromkeys(cfg.model):
+            results[path] = evaluate_checkpoint(path, test, cfg, platform)
+            if path in run_models:
+                results[path].update(role=run_models[path][0], train_py_greedy_accuracy=run_models[path][1])
     except (DataError, ModelError, ContextError, PromptError, QuantError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    print_results(results, args, len(test), run_info)
-    if args.out:
-        settings = {name: getattr(args, name) for name in ("data", "test_data", "eval_size", "max_new_tokens", "seed",
-                                                           "k", "temperature", "top_p", "quant", "quant_group",
-                                                           "engine_dtype")}
-        if args.data == "synthetic":
-            settings["max_number"] = args.max_number
-        settings.update(n_problems=len(test), run=args.run, cuda=platform.cuda,
-                        engine_dtype_resolved=platform.engine_dtype(args.engine_dtype),
+    print_results(results, cfg, len(test), run_models)
+    if cfg.out:
+        names = ("data", "test_data", "eval_size", "max_new_tokens", "seed", "k", "temperature", "top_p", "quant",
+                 "quant_group", "engine_dtype", *(("max_number",) if cfg.data == "synthetic" else ()))
+        settings = {name: getattr(cfg, name) for name in names}
+        settings.update(n_problems=len(test), run=cfg.run, cuda=platform.cuda,
+                        engine_dtype_resolved=platform.engine_dtype(cfg.engine_dtype),
                         avg1="greedy (temperature 0)", pass_at_k="unbiased estimator of Chen et al. (2021) from the "
                                                                  "k samples; pass@k = share with any correct sample")
-        with open(args.out, "w") as f:
+        with open(cfg.out, "w") as f:
             json.dump({"settings": settings, "models": results}, f, indent=1)
-        log.info("results written to %s", args.out)
+        log.info("results written to %s", cfg.out)
     return 0
 
 

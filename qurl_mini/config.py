@@ -17,98 +17,104 @@ class ConfigError(ValueError):
     """A bad flag value; the message is one line naming the flag."""
 
 
-def _f(default, help, **kw):
+def need(ok: bool, message: str) -> None:
+    """A flag's check: ConfigError(message) unless ok."""
+    if not ok:
+        raise ConfigError(message)
+
+
+def flag(default, help, **kw):
     return field(default=default, metadata={"help": help, **kw})
 
 
 @dataclass
 class Config:
     # what to train
-    algo: Literal[tuple(ALGORITHMS)] = _f("grpo", "RL algorithm: GRPO, PPO (critic + GAE) or DAPO")
-    quant: Literal[("none", *FORMATS)] = _f(
+    algo: Literal[tuple(ALGORITHMS)] = flag("grpo", "RL algorithm: GRPO, PPO (critic + GAE) or DAPO")
+    quant: Literal[("none", *FORMATS)] = flag(
         "none", "rollout engine precision: unquantized (none), W8A8 INT8 or FP8 (the paper); int6 .. int2 = the "
                 "mismatch dial beyond the paper: weights only, emulated (rounded to the grid, run unquantized)")
-    quant_group: Optional[int] = _f(None, "input columns sharing one weight scale for int6 .. int2 (0 = one scale "
+    quant_group: Optional[int] = flag(None, "input columns sharing one weight scale for int6 .. int2 (0 = one scale "
                                           "per output channel; default 32); int8 / fp8 are per channel")
-    objective: Optional[str] = _f(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
+    objective: Optional[str] = flag(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
                                         "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL). Default: acr if --quant, else ppo")
-    model: Optional[str] = _f(None, "HF hub id or local folder of a causal LM; default: the embedded tiny "
+    model: Optional[str] = flag(None, "HF hub id or local folder of a causal LM; default: the embedded tiny "
                                     "Qwen2, SFT-warm-started on first use")
-    data: str = _f("synthetic", "'synthetic' (embedded arithmetic task), 'gsm8k' (hub) or a .jsonl/.parquet file")
-    test_data: Optional[str] = _f(None, "held-out .jsonl/.parquet file (default: split off --data)")
-    prompt_format: Literal["auto", "plain", "chat"] = _f(
+    data: str = flag("synthetic", "'synthetic' (embedded arithmetic task), 'gsm8k' (hub) or a .jsonl/.parquet file")
+    test_data: Optional[str] = flag(None, "held-out .jsonl/.parquet file (default: split off --data)")
+    prompt_format: Literal["auto", "plain", "chat"] = flag(
         "auto", "plain = 'Q: ...\\nA: ' (the embedded model); chat = the tokenizer's chat template with the "
                 "instruction to answer after '####'; auto = chat when the tokenizer has a template")
-    max_prompt_tokens: Optional[int] = _f(None, "drop (and count) problems whose prompt is longer; also sizes the "
+    max_prompt_tokens: Optional[int] = flag(None, "drop (and count) problems whose prompt is longer; also sizes the "
                                                 "engine (default: the longest prompt)")
-    uaq_scale: float = _f(1.0, "UAQ invariant scale s (Eq. 11); 1.0 = off, 1.5 recommended with --quant")
+    uaq_scale: float = flag(1.0, "UAQ invariant scale s (Eq. 11); 1.0 = off, 1.5 recommended with --quant")
     # rollout
-    steps: int = _f(40, "RL steps (one rollout batch + its updates each)")
-    prompts_per_step: int = _f(32, "prompts per rollout batch")
-    group_size: int = _f(8, "responses sampled per prompt (G)")
-    temperature: float = _f(1.0, "sampling temperature of the rollout")
-    max_new_tokens: int = _f(24, "longest response (tokens)")
+    steps: int = flag(40, "RL steps (one rollout batch + its updates each)")
+    prompts_per_step: int = flag(32, "prompts per rollout batch")
+    group_size: int = flag(8, "responses sampled per prompt (G)")
+    temperature: float = flag(1.0, "sampling temperature of the rollout")
+    max_new_tokens: int = flag(24, "longest response (tokens)")
     # update
-    lr: float = _f(1e-4, "actor learning rate (AdamW, constant after a short warm-up)")
-    minibatches: int = _f(4, "optimizer steps per rollout batch (the batch is split this many ways)")
-    ppo_epochs: int = _f(1, "passes over each rollout batch")
-    micro_batch_size: int = _f(64, "sequences per forward/backward (gradient accumulation)")
-    max_tokens_per_micro_batch: Optional[int] = _f(
+    lr: float = flag(1e-4, "actor learning rate (AdamW, constant after a short warm-up)")
+    minibatches: int = flag(4, "optimizer steps per rollout batch (the batch is split this many ways)")
+    ppo_epochs: int = flag(1, "passes over each rollout batch")
+    micro_batch_size: int = flag(64, "sequences per forward/backward (gradient accumulation)")
+    max_tokens_per_micro_batch: Optional[int] = flag(
         None, "size micro-batches by tokens instead (rows x their longest row, greedily in order; a longer "
               "sequence goes alone), for the log-prob passes and gradient accumulation; overrides --micro-batch-size")
-    gradient_checkpointing: bool = _f(False, "recompute each decoder layer in the backward pass instead of keeping "
+    gradient_checkpointing: bool = flag(False, "recompute each decoder layer in the backward pass instead of keeping "
                                              "its activations (actor and critic; slower, far less memory)")
-    clip_low: Optional[float] = _f(None, "PPO clip epsilon below 1 (default 0.2)")
-    clip_high: Optional[float] = _f(None, "PPO clip epsilon above 1 (default 0.2; 0.28 for DAPO)")
-    tis_cap: float = _f(2.0, "truncation C of the importance weight pi_prox/pi_behav (Eq. 5, 9)")
-    kl_coef: Optional[float] = _f(None, "k3 KL-to-reference coefficient (default 1e-3; 0 for DAPO)")
-    loss_agg: Optional[str] = _f(None, f"loss aggregation {AGGREGATIONS} (default: seq-mean-token-mean, "
+    clip_low: Optional[float] = flag(None, "PPO clip epsilon below 1 (default 0.2)")
+    clip_high: Optional[float] = flag(None, "PPO clip epsilon above 1 (default 0.2; 0.28 for DAPO)")
+    tis_cap: float = flag(2.0, "truncation C of the importance weight pi_prox/pi_behav (Eq. 5, 9)")
+    kl_coef: Optional[float] = flag(None, "k3 KL-to-reference coefficient (default 1e-3; 0 for DAPO)")
+    loss_agg: Optional[str] = flag(None, f"loss aggregation {AGGREGATIONS} (default: seq-mean-token-mean, "
                                        "token-mean for DAPO)")
-    max_grad_norm: float = _f(1.0, "gradient clipping norm")
+    max_grad_norm: float = flag(1.0, "gradient clipping norm")
     # PPO critic
-    critic_lr: float = _f(5e-4, "critic learning rate (--algo ppo)")
-    gamma: float = _f(1.0, "GAE discount (--algo ppo)")
-    lam: float = _f(1.0, "GAE lambda (--algo ppo)")
-    value_clip: float = _f(0.2, "value-loss clip range (--algo ppo)")
+    critic_lr: float = flag(5e-4, "critic learning rate (--algo ppo)")
+    gamma: float = flag(1.0, "GAE discount (--algo ppo)")
+    lam: float = flag(1.0, "GAE lambda (--algo ppo)")
+    value_clip: float = flag(0.2, "value-loss clip range (--algo ppo)")
     # DAPO
-    dapo_max_tries: int = _f(3, "DAPO dynamic sampling: rollout rounds at most to fill a batch")
-    overlong_buffer: int = _f(4, "DAPO overlong shaping: tokens before --max-new-tokens where the penalty starts")
-    overlong_penalty: float = _f(1.0, "DAPO overlong shaping: penalty at --max-new-tokens")
+    dapo_max_tries: int = flag(3, "DAPO dynamic sampling: rollout rounds at most to fill a batch")
+    overlong_buffer: int = flag(4, "DAPO overlong shaping: tokens before --max-new-tokens where the penalty starts")
+    overlong_penalty: float = flag(1.0, "DAPO overlong shaping: penalty at --max-new-tokens")
     # evaluation, checkpoints, robustness
-    eval_every: int = _f(20, "greedy test accuracy every N steps (0 = only at start and end)")
-    eval_size: int = _f(200, "held-out problems for greedy evaluation")
-    save_every: int = _f(20, "checkpoint every N steps (and at the end)")
-    keep: int = _f(2, "checkpoints kept")
-    resume: Optional[str] = _f(None, "resume from the newest complete checkpoint of this run (or of DIR)",
+    eval_every: int = flag(20, "greedy test accuracy every N steps (0 = only at start and end)")
+    eval_size: int = flag(200, "held-out problems for greedy evaluation")
+    save_every: int = flag(20, "checkpoint every N steps (and at the end)")
+    keep: int = flag(2, "checkpoints kept")
+    resume: Optional[str] = flag(None, "resume from the newest complete checkpoint of this run (or of DIR)",
                                nargs="?", const="latest")
-    max_bad_steps: int = _f(3, "stop after this many NaN/inf updates in a row")
-    mismatch_warn_kl: float = _f(0.05, "warn once when KL(behav||prox) exceeds this")
-    sync_check_every: int = _f(10, "sync probe: after step 1 and every N steps, check that the engine's log-probs of "
+    max_bad_steps: int = flag(3, "stop after this many NaN/inf updates in a row")
+    mismatch_warn_kl: float = flag(0.05, "warn once when KL(behav||prox) exceeds this")
+    sync_check_every: int = flag(10, "sync probe: after step 1 and every N steps, check that the engine's log-probs of "
                                    "a fixed sequence match the updated actor's, else stop (0 = off)")
     # the embedded warm start
-    sft_steps: Optional[int] = _f(None, "SFT steps of the embedded model's warm start (default: 400 on the synthetic "
+    sft_steps: Optional[int] = flag(None, "SFT steps of the embedded model's warm start (default: 400 on the synthetic "
                                         "task, 60 on real text)")
-    sft_lr: float = _f(3e-3, "SFT learning rate of the embedded warm start")
-    teacher_slip: Optional[float] = _f(None, "embedded warm start on the synthetic task: share of SFT demonstrations "
+    sft_lr: float = flag(3e-3, "SFT learning rate of the embedded warm start")
+    teacher_slip: Optional[float] = flag(None, "embedded warm start on the synthetic task: share of SFT demonstrations "
                                              "that are off by one (default 0.55)")
-    max_number: int = _f(10, "largest number in the synthetic problems")
+    max_number: int = flag(10, "largest number in the synthetic problems")
     # run
-    preset: Optional[str] = _f(None, "presets/NAME.json: the flag values of a named setting (flags given still win)")
-    dry_run: bool = _f(False, "print the resolved config and a memory estimate, then exit (loads no model)")
-    seed: int = _f(0, "seed of data order, sampling and initialisation")
-    run_name: Optional[str] = _f(None, "name of runs/<name> (default: <algo>-<quant>)")
-    out_dir: str = _f("runs", "where runs are written")
-    cache_dir: str = _f(".cache", "where the embedded warm start is cached")
-    engine_dtype: Literal["auto", "bfloat16", "float32"] = _f(
+    preset: Optional[str] = flag(None, "presets/NAME.json: the flag values of a named setting (flags given still win)")
+    dry_run: bool = flag(False, "print the resolved config and a memory estimate, then exit (loads no model)")
+    seed: int = flag(0, "seed of data order, sampling and initialisation")
+    run_name: Optional[str] = flag(None, "name of runs/<name> (default: <algo>-<quant>)")
+    out_dir: str = flag("runs", "where runs are written")
+    cache_dir: str = flag(".cache", "where the embedded warm start is cached")
+    engine_dtype: Literal["auto", "bfloat16", "float32"] = flag(
         "auto", "rollout engine's unquantized dtype: auto = bfloat16 where the CPU/GPU has bf16 arithmetic, "
                 "else float32 (CPUs with AVX2 only emulate bf16)")
-    kv_cache_gib: int = _f(1, "CPU engine KV cache (GiB, whole number)")
-    gpu_memory_utilization: float = _f(0.3, "CUDA engine memory share (the actor needs the rest)")
+    kv_cache_gib: int = flag(1, "CPU engine KV cache (GiB, whole number)")
+    gpu_memory_utilization: float = flag(0.3, "CUDA engine memory share (the actor needs the rest)")
     # watching the run
     report_to: list[str] = field(default_factory=lambda: ["none"], metadata={"help": (
         f"experiment trackers, one or more of {tuple(TRACKERS)} (or none): the per-step metrics, test accuracy, "
         "config and curves.png; docs/tracking.md")})
-    verbose: bool = _f(False, "show third-party warnings and progress bars (vLLM, torch, transformers); also "
+    verbose: bool = flag(False, "show third-party warnings and progress bars (vLLM, torch, transformers); also "
                               "QURL_VERBOSE=1. Errors always show")
 
     def __post_init__(self):
@@ -128,10 +134,6 @@ class Config:
         self.validate()
 
     def validate(self) -> None:
-        def need(ok: bool, message: str):
-            if not ok:
-                raise ConfigError(message)
-
         for name in ("algo", "quant", "engine_dtype", "prompt_format"):  # Literal choices are checked by argparse, but not in code
             choices = self.__dataclass_fields__[name].type.__args__
             need(getattr(self, name) in choices, f"--{name} {getattr(self, name)!r}: choose from {choices}")

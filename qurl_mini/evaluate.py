@@ -10,8 +10,10 @@ almost exactly, a bfloat16 one within bf16 noise (tests/test_eval.py).
 import contextlib
 import gc
 import math
+import os
 import tempfile
-from dataclasses import dataclass, field
+import time
+from dataclasses import dataclass, field, replace
 
 import torch
 
@@ -102,6 +104,11 @@ class EngineEval:
     def truncated_frac(self) -> float:
         return avg_at_k(self.truncated)
 
+    def repeated(self, k: int) -> "EngineEval":
+        """Each response k times: the k samples of greedy decoding (temperature 0), without generating them."""
+        return replace(self, **{name: [row * k for row in getattr(self, name)]
+                                for name in ("responses", "correct", "lengths", "truncated")})
+
 
 def engine_samples(engine, tokenizer, problems: list[Problem], max_new_tokens: int, *, n: int = 1,
                    temperature: float = 0.0, top_p: float = 1.0, batch_sequences: int = 1024,
@@ -126,13 +133,6 @@ def engine_samples(engine, tokenizer, problems: list[Problem], max_new_tokens: i
         if advance is not None:
             advance(f"{min(i + per_call, len(problems))}/{len(problems)} problems")
     return result
-
-
-def engine_accuracy(engine, tokenizer, problems: list[Problem], max_new_tokens: int):
-    """(Avg@1, [(question, response, correct)]) with greedy decoding on the engine: the same
-    shape as `greedy_accuracy`, for comparing the two."""
-    result = engine_samples(engine, tokenizer, problems, max_new_tokens)
-    return result.accuracy, [(p.question, r[0], c[0]) for p, r, c in zip(problems, result.responses, result.correct)]
 
 
 def start_engine(actor, tokenizer, problems: list[Problem], max_new_tokens: int, *, quant_fmt: str = "none",
@@ -164,3 +164,95 @@ def free_engine(engine) -> None:
     gc.collect()
     if torch.cuda.is_available():
         torch.cuda.empty_cache()
+
+
+def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> dict:
+    """eval.py's numbers for one checkpoint: Avg@1 (and with cfg.k > 1 Avg@k, pass@k), lengths, times and
+    examples, on the problems whose prompt fits cfg.max_prompt_tokens. Its engine is shut down before returning."""
+    from .actor import load_actor
+    from .progress import progress_bar
+
+    t0 = time.time()
+    actor, tokenizer = load_actor(path)
+    prompts = PromptBuilder(cfg.prompt_format, tokenizer)
+    problems = prompts.fitting(problems, cfg.max_prompt_tokens, "test problems")
+    engine = start_engine(actor, tokenizer, problems, cfg.max_new_tokens, quant_fmt=cfg.quant,
+                          quant_group=cfg.quant_group, dtype=cfg.engine_dtype, seed=cfg.seed, platform=platform,
+                          prompts=prompts, kv_cache_gib=cfg.kv_cache_gib,
+                          gpu_memory_utilization=cfg.gpu_memory_utilization)
+    del actor  # the engine holds its own copy
+    gc.collect()
+    times = {"load_and_start_engine": round(time.time() - t0, 2)}
+    k, sampling = cfg.k, cfg.k > 1 and cfg.temperature > 0
+    calls = math.ceil(len(problems) / cfg.batch_size) + (math.ceil(len(problems) / max(1, cfg.batch_size // k))
+                                                         if sampling else 0)
+    try:
+        with progress_bar(f"eval {os.path.basename(os.path.normpath(path)) or path}", calls) as advance:
+            t1 = time.time()
+            greedy = engine_samples(engine, tokenizer, problems, cfg.max_new_tokens, batch_sequences=cfg.batch_size,
+                                    advance=lambda info: advance(f"greedy {info}"), prompts=prompts)
+            times["greedy"], t1 = round(time.time() - t1, 2), time.time()
+            sampled = greedy.repeated(k)  # temperature 0: k copies of the greedy response
+            if sampling:
+                sampled = engine_samples(engine, tokenizer, problems, cfg.max_new_tokens, n=k,
+                                         temperature=cfg.temperature, top_p=cfg.top_p, batch_sequences=cfg.batch_size,
+                                         advance=lambda info: advance(f"k={k} samples {info}"), prompts=prompts)
+                times["sampled"] = round(time.time() - t1, 2)
+        engine_format, engine_dtype = engine.engine_format, engine.dtype
+    finally:
+        free_engine(engine)
+        del engine
+        gc.collect()
+    result = {"avg@1": greedy.accuracy, "n_problems": len(problems), "engine_format": engine_format,
+              "engine_dtype": engine_dtype, "greedy_mean_response_tokens": greedy.mean_length,
+              "greedy_truncated_frac": greedy.truncated_frac, "time_s": times,
+              "greedy_correct": [int(c[0]) for c in greedy.correct]}
+    if k > 1:
+        result.update({f"avg@{k}": sampled.accuracy, f"pass@{k}": mean_pass_at_k(sampled.correct, k),
+                       "pass@": {str(j): mean_pass_at_k(sampled.correct, j) for j in pass_at_ks(k)},
+                       "sampled_mean_response_tokens": sampled.mean_length,
+                       "sampled_truncated_frac": sampled.truncated_frac,
+                       "sampled_correct_counts": [sum(c) for c in sampled.correct]})
+    result["examples"] = [
+        {"question": p.question, "target": p.target, "greedy": greedy.responses[i][0],
+         "greedy_correct": greedy.correct[i][0],
+         **({"samples": [{"response": r, "correct": c} for r, c in
+                         list(zip(sampled.responses[i], sampled.correct[i]))[:4]]} if sampling else {})}
+        for i, p in enumerate(problems[: cfg.show])]
+    return result
+
+
+def print_results(results: dict, cfg, n_problems: int, run_models: dict) -> None:
+    """eval.py's table: a row per checkpoint (run_models: {path: (role, train.py's HF greedy accuracy)}), then
+    the examples' greedy answers."""
+    from rich.console import Console
+    from rich.table import Table
+
+    k, first = cfg.k, next(iter(results.values()))
+    caption = "Avg@1: greedy (temperature 0)"
+    if k > 1:
+        caption += (f"; Avg@{k}: mean over {k} samples per problem (T={cfg.temperature:g}, top-p={cfg.top_p:g}); "
+                    f"pass@{k}: unbiased estimator (Chen et al. 2021) from {k} samples = any correct")
+    table = Table(title=f"{cfg.data}: {n_problems} held-out problems, <= {cfg.max_new_tokens} new tokens, vLLM engine "
+                        f"{first['engine_format']} / {first['engine_dtype']}", caption=caption)
+    columns = ["model", "Avg@1", *([f"Avg@{k}", f"pass@{k}"] if k > 1 else []), "problems", "mean len", "truncated",
+               *(["train.py greedy (HF)"] if run_models else []), "time"]
+    for name in columns:
+        table.add_column(name, **({"overflow": "fold"} if name == "model" else {"justify": "right"}))
+    for path, r in results.items():
+        row = [f"{run_models[path][0]}: {path}" if path in run_models else path, f"{100 * r['avg@1']:.1f}%"]
+        if k > 1:
+            row += [f"{100 * r[f'avg@{k}']:.1f}%", f"{100 * r[f'pass@{k}']:.1f}%"]
+        row += [str(r["n_problems"]), f"{r['greedy_mean_response_tokens']:.1f}", f"{100 * r['greedy_truncated_frac']:.0f}%"]
+        if run_models:
+            hf = run_models.get(path, (None, None))[1]
+            row.append("-" if hf is None else f"{100 * hf:.1f}%")
+        table.add_row(*row, f"{sum(r['time_s'].values()):.1f}s")
+    console = Console()
+    if not console.is_terminal:  # a log file or a pipe: no need to squeeze the table into 80 columns
+        console.width = max(console.width, 160)
+    console.print(table)
+    for path, r in results.items():
+        for ex in r["examples"]:
+            console.print(f"[dim]{path}[/dim] {'✓' if ex['greedy_correct'] else '✗'} {ex['question']!r} -> "
+                          f"{ex['greedy']!r}", markup=True, highlight=False)

@@ -95,7 +95,8 @@ def bad_runs(tmp_path_factory):
     (["--model", "TINY", "--gpu-memory-utilization", "1.5"], "--gpu-memory-utilization must be in (0, 1)"),
     (["--model", "TINY", "--out", "/no/such/dir/r.json"], "--out /no/such/dir/r.json: no such folder"),
     (["--model", "TINY", "--quant", "int1"], "argument --quant: invalid choice: 'int1'"),
-    (["--model", "TINY", "--quant", "int3", "--quant-group", "-4"], "--quant-group -4: must be >= 0"),
+    (["--model", "TINY", "--quant", "int3", "--quant-group", "-4"], "--quant-group must be >= 0 (0 = one scale per "
+                                                                      "output channel), got -4"),
     (["--model", "TINY", "--quant", "int8", "--quant-group", "32"], "--quant int8 is vLLM's W8A8 kernel"),
     (["--model", "TINY", "--k", "four"], "argument --k: invalid int value: 'four'"),
     (["--run", "RUNS/missing"], "--run RUNS/missing: no such folder"),
@@ -144,14 +145,16 @@ def hf_greedy(warm_start):
 @pytest.mark.parametrize("dtype, min_agreement, max_gap", [("float32", 0.99, 0.01), ("bfloat16", 0.90, 0.04)])
 def test_engine_avg1_matches_the_trainers_greedy_accuracy(warm_start, hf_greedy, dtype, min_agreement, max_gap):
     from qurl_mini.actor import load_actor
-    from qurl_mini.evaluate import engine_accuracy, engine_samples, free_engine, start_engine
+    from qurl_mini.evaluate import engine_samples, free_engine, start_engine
 
     test, hf_accuracy, hf_results = hf_greedy
     assert 0.2 <= hf_accuracy <= 0.8  # a model with a non-trivial accuracy, or agreement means little
     actor, tokenizer = load_actor(warm_start)
     engine = start_engine(actor, tokenizer, test, MAX_NEW_TOKENS, dtype=dtype)
     try:
-        accuracy, results = engine_accuracy(engine, tokenizer, test, MAX_NEW_TOKENS)
+        greedy = engine_samples(engine, tokenizer, test, MAX_NEW_TOKENS)  # the shape of greedy_accuracy's results:
+        accuracy = greedy.accuracy
+        results = [(p.question, r[0], c[0]) for p, r, c in zip(test, greedy.responses, greedy.correct)]
         if dtype == "float32":  # top_p reaches the sampler: a tiny nucleus is the argmax token, i.e. greedy
             nucleus = engine_samples(engine, tokenizer, test[:20], MAX_NEW_TOKENS, n=3, temperature=1.0, top_p=1e-6)
             assert nucleus.responses == [[r[1]] * 3 for r in results[:20]]
