@@ -15,8 +15,7 @@ the input's dtype, for any trainer to start from (e.g. verl with its own FP8 rol
 records uaq_scale, and --check compares its log-probs with the input's (equal up to rounding).
 """
 import argparse
-import os
-import shutil
+import gc
 import sys
 
 from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
@@ -66,22 +65,11 @@ def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dic
         engine = RolloutEngine(path, engine_format=engine_format, platform=platform, seed=0,
                                max_model_len=2 ** max_len.bit_length())
         engines[name] = engine.prompt_logprobs(sequences)
-        free_engine(engine)  # one engine at a time
+        free_engine(engine)  # one engine at a time: this one gone before the next starts
         del engine
+        gc.collect()
     gaps = [abs(a - b) for s1, s2 in zip(engines["bf16"], engines[fmt]) for a, b in zip(s1, s2)]
     return {"how": "vLLM bf16 engine vs vLLM quantized engine", "max": max(gaps), "mean": sum(gaps) / len(gaps)}
-
-
-def save_hf_checkpoint(model, tokenizer, out_dir: str, state_dict=None) -> str:
-    """The model (UAQ-rescaled, or rounded to an emulated grid: `state_dict`) as a plain HF folder in
-    its own dtype, written under a temporary name."""
-    tmp_dir = out_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    model.save_pretrained(tmp_dir, state_dict=state_dict)
-    tokenizer.save_pretrained(tmp_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp_dir, out_dir)
-    return out_dir
 
 
 def main(argv=None) -> int:
@@ -105,6 +93,7 @@ def main(argv=None) -> int:
     import torch
 
     from qurl_mini.actor import ModelError, load_actor
+    from qurl_mini.checkpoint import DiskFullError, tensor_bytes, written_atomically
     from qurl_mini.data import synthetic_splits
     from qurl_mini.quant import QuantError, check_group, dequantize, describe, quantized_state, save_quantized_checkpoint
     from qurl_mini.uaq import UAQError, apply_uaq
@@ -120,21 +109,27 @@ def main(argv=None) -> int:
     except (ModelError, UAQError, QuantError, PathError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    if args.fmt == "none":
-        save_hf_checkpoint(model, tokenizer, args.out)
-        print(f"wrote UAQ-rescaled (s={args.uaq_scale:g}) {str(model.dtype).removeprefix('torch.')} HF checkpoint "
-              f"(not quantized) to {args.out}")
-    elif not FORMATS[args.fmt].vllm_kernel:
-        _, quantized = quantized_state(model, args.fmt, group=args.group)
-        rounded = {n: dequantize(q, s) for n, (q, s) in quantized.items()}
-        model.config.qurl_emulated_quant = {"fmt": args.fmt, "group": args.group if args.group is not None
-                                            else FORMATS[args.fmt].default_group}
-        save_hf_checkpoint(model, tokenizer, args.out, state_dict={**model.state_dict(), **rounded})
-        print(f"wrote {describe(args.fmt, args.group)} (emulated: weights on the grid, float32 HF checkpoint) "
-              f"to {args.out}")
-    else:
-        save_quantized_checkpoint(model, tokenizer, args.out, args.fmt)
-        print(f"wrote {args.fmt} W8A8 checkpoint (compressed-tensors) to {args.out}")
+    try:
+        with written_atomically(args.out, tensor_bytes(model.state_dict())) as folder:  # whole, or not there
+            if args.fmt == "none":
+                model.save_pretrained(folder)
+                what = (f"UAQ-rescaled (s={args.uaq_scale:g}) {str(model.dtype).removeprefix('torch.')} HF checkpoint "
+                        f"(not quantized)")
+            elif not FORMATS[args.fmt].vllm_kernel:
+                _, quantized = quantized_state(model, args.fmt, group=args.group)
+                rounded = {n: dequantize(q, s) for n, (q, s) in quantized.items()}
+                model.config.qurl_emulated_quant = {"fmt": args.fmt, "group": args.group if args.group is not None
+                                                    else FORMATS[args.fmt].default_group}
+                model.save_pretrained(folder, state_dict={**model.state_dict(), **rounded})
+                what = f"{describe(args.fmt, args.group)} (emulated: weights on the grid, float32 HF checkpoint)"
+            else:
+                save_quantized_checkpoint(model, None, folder, args.fmt)
+                what = f"{args.fmt} W8A8 checkpoint (compressed-tensors)"
+            tokenizer.save_pretrained(folder)
+    except DiskFullError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {what} to {args.out}")
     if args.check:
         _, problems = synthetic_splits(0, 4, max_number=10, seed=1234)
         gap = logprob_gap(args.model, args.out, args.fmt, [p.prompt + p.answer for p in problems])

@@ -13,7 +13,7 @@ if __name__ == "__main__":  # before torch and vLLM load: they read their log se
 from qurl_mini.config import parse_args  # noqa: E402
 
 ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError", "SyncError",
-                   "ContextError", "EngineError", "QuantError", "PathError", "RunDirError", "DiskFullError", "TrackerError")
+                   "ContextError", "ResumeError", "EngineError", "QuantError", "PathError", "RunDirError", "DiskFullError", "TrackerError")
 
 
 def dry_run_report(cfg) -> str:

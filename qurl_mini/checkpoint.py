@@ -12,6 +12,7 @@ import contextlib
 import errno
 import glob
 import json
+import logging
 import os
 import random
 import shutil
@@ -23,6 +24,10 @@ from .paths import first_line, safetensors_problem
 
 MARKER = "COMPLETE"
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
+
+
+class ResumeError(ValueError):
+    """--resume finds nothing to resume from; the message is one line."""
 
 
 class DiskFullError(OSError):
@@ -141,6 +146,21 @@ def newest_loadable(path: str) -> tuple[str | None, list[tuple[str, str]]]:
             return ckpt, skipped
         skipped.append((ckpt, problem))
     return None, skipped
+
+
+def find_resume(resume: str | None, run_dir: str) -> str | None:
+    """--resume: the newest loadable checkpoint of this run ('latest') or of the folder given, saying which
+    damaged ones it skipped; None without --resume. A ResumeError when there is none."""
+    if resume is None:
+        return None
+    where = run_dir if resume == "latest" else resume
+    found, damaged = newest_loadable(where)
+    for ckpt, problem in damaged:
+        logging.getLogger("qurl_mini").warning("skipping checkpoint %s, it cannot be loaded (%s); %s", ckpt, problem,
+                    f"resuming from {found} instead" if found else "no older one")
+    if found is None:
+        raise ResumeError(f"--resume: no {'loadable' if damaged else 'complete'} checkpoint in {where}")
+    return found
 
 
 def damage(ckpt: str) -> str | None:

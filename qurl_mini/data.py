@@ -50,6 +50,12 @@ def reward(response: str, problem: Problem) -> float:
     return float(predicted is not None and abs(predicted - problem.target) < 1e-6)
 
 
+def decode_and_score(tokenizer, problem: Problem, responses: list[list[int]]) -> tuple[list[str], list[float]]:
+    """The responses' texts (special tokens dropped) and their rewards: the rollout's and eval.py's scoring."""
+    texts = [tokenizer.decode(ids, skip_special_tokens=True) for ids in responses]
+    return texts, [reward(t, problem) for t in texts]
+
+
 # ----- the embedded synthetic task -----------------------------------------------------------
 
 _NAMES = ["Ann", "Ben", "Cat", "Dan", "Eve", "Fay", "Gus", "Ivy", "Joe", "Kim", "Leo", "Mia"]

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
-from .data import Problem, reward
+from .data import Problem, decode_and_score, reward
 from .prompts import PromptBuilder
 
 
@@ -125,9 +125,9 @@ def engine_samples(engine, tokenizer, problems: list[Problem], max_new_tokens: i
         groups = engine.generate([prompts.ids(p) for p in chunk], n=n, temperature=temperature,
                                  top_p=top_p, max_tokens=max_new_tokens, stop_token_ids=[tokenizer.eos_token_id])
         for problem, group in zip(chunk, groups):
-            texts = [tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in group]
+            texts, rewards = decode_and_score(tokenizer, problem, [r.response_ids for r in group])
             result.responses.append(texts)
-            result.correct.append([reward(t, problem) == 1.0 for t in texts])
+            result.correct.append([r == 1.0 for r in rewards])
             result.lengths.append([len(r.response_ids) for r in group])
             result.truncated.append([r.truncated for r in group])
         if advance is not None:

@@ -9,7 +9,6 @@ to the grid and run in an unquantized engine (the HF actor computes alike with `
 import contextlib
 import json
 import os
-import shutil
 from dataclasses import dataclass
 
 import torch
@@ -180,27 +179,23 @@ def compressed_tensors_config(fmt: str) -> dict:
 
 
 def save_quantized_checkpoint(model, tokenizer, out_dir: str, fmt: str, pairs=None) -> str:
-    """An HF folder that plain `vllm.LLM(model=out_dir)` loads as a W8A8 model
+    """An HF folder that plain `vllm.LLM(model=out_dir)` loads as a W8A8 model, written into out_dir
     (`pairs`: the model's `quantized_state`, when the caller already has it)."""
     from safetensors.torch import save_file
 
-    tmp_dir = out_dir.rstrip("/") + ".tmp"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    os.makedirs(tmp_dir)
+    os.makedirs(out_dir, exist_ok=True)
     if pairs is None:
         pairs, _ = quantized_state(model, fmt)
     tied = getattr(model.config, "tie_word_embeddings", False)
     tensors = {n: t.contiguous() for n, t in pairs if not (tied and n == "lm_head.weight")}
-    save_file(tensors, os.path.join(tmp_dir, "model.safetensors"), metadata={"format": "pt"})
+    save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config["quantization_config"] = compressed_tensors_config(fmt)
     config["torch_dtype"] = "bfloat16"
-    with open(os.path.join(tmp_dir, "config.json"), "w") as f:
+    with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)
     if tokenizer is not None:
-        tokenizer.save_pretrained(tmp_dir)
-    shutil.rmtree(out_dir, ignore_errors=True)
-    os.replace(tmp_dir, out_dir)
+        tokenizer.save_pretrained(out_dir)
     return out_dir
 
 

@@ -15,20 +15,19 @@ import logging
 import os
 import random
 import time
-from dataclasses import dataclass, field
 
 import torch
 
 from . import checkpoint, quant
 from .actor import (Critic, autocast_context, batched_logprobs, batched_values, device_of, enable_gradient_checkpointing,
                     frozen_reference_dtype, load_actor, token_logprobs)
-from .advantages import ADVANTAGE_ESTIMATORS, informative_groups, overlong_penalty
+from .advantages import ADVANTAGE_ESTIMATORS
 from .algorithms import ALGORITHMS
 from .batch import Experience, align_per_token, pack_sequences
 from .config import Config
-from .data import Problem, PromptSampler, load_problems, reward
+from .data import PromptSampler, load_problems
 from .embedded import warm_start
-from .engine import Platform, Rollout, RolloutEngine, context_length
+from .engine import Platform, RolloutEngine, context_length
 from .evaluate import greedy_accuracy
 from .hardware import describe_cpu
 from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, sampler_mismatch, value_loss
@@ -37,6 +36,7 @@ from .paths import check_model_dir, check_output_dir
 from .progress import progress_bar
 from .prompts import PromptBuilder
 from .run_dir import RunLock, stop_point
+from .sampling import GroupSampler
 from .sync_probe import SyncProbe
 from .trackers import Trackers
 from .uaq import apply_uaq
@@ -56,28 +56,6 @@ def base_model_path(cfg: Config, train_problems) -> str:
     variant = "synthetic" if cfg.data == "synthetic" else "text"
     return warm_start(cfg.cache_dir, train_problems, variant=variant, steps=cfg.sft_steps, lr=cfg.sft_lr,
                       teacher_slip=cfg.teacher_slip, seed=0, source=os.path.basename(cfg.data))
-
-
-@dataclass
-class Samples:
-    """One step's rollout: per prompt a group of G responses, and per response its rewards."""
-    problems: list[Problem] = field(default_factory=list)
-    groups: list[list[Rollout]] = field(default_factory=list)
-    rewards: list[torch.Tensor] = field(default_factory=list)  # what advantages see (shaped for DAPO)
-    correct: list[torch.Tensor] = field(default_factory=list)  # 1.0 where the answer is right
-    stats: dict = field(default_factory=dict)
-
-    def add(self, problem, group, rewards, correct):
-        self.problems.append(problem)
-        self.groups.append(group)
-        self.rewards.append(rewards)
-        self.correct.append(correct)
-
-    def __len__(self):
-        return len(self.groups)
-
-    def rollouts(self) -> list[Rollout]:
-        return [r for g in self.groups for r in g]
 
 
 class Trainer:
@@ -116,7 +94,7 @@ class Trainer:
     def _set_up(self, cfg: Config) -> None:
         self.algorithm = ALGORITHMS[cfg.algo]  # the one place that looks at --algo
         self.platform = Platform.detect()
-        resume_from = self._find_resume()
+        resume_from = checkpoint.find_resume(cfg.resume, self.run_dir)
         state = checkpoint.load_trainer_state(resume_from) if resume_from else {}
         self._set_up_data()  # first: the embedded warm start (the base model) is trained on the data
         self._set_up_models(resume_from)  # resume state before the actor: a resumed actor is its checkpoint's
@@ -181,13 +159,25 @@ class Trainer:
             log.info("resumed from %s (step %d)", resume_from, state["step"])
 
     def _set_up_engine_and_probe(self) -> None:
-        """The rollout engine; the sync probe on a training prompt + its reference answer, calibrated on it."""
-        self.monitor = quant.WeightUpdateMonitor()  # before the engine: its start is Eq. 13's first measurement
-        self.engine = self._start_engine()
+        """vLLM on a (quantized) copy of the actor, sized for the longest prompt plus response; the rollout on it;
+        the sync probe on a training prompt + its reference answer, calibrated on the fresh engine."""
+        cfg = self.cfg
+        longest_prompt = cfg.max_prompt_tokens or max(len(self.prompts.ids(p)) for p in self.train_problems[:2000])
+        max_len = context_length(longest_prompt, cfg.max_new_tokens,
+                                 getattr(self.actor.config, "max_position_embeddings", None))
+        self.engine, quantized = RolloutEngine.from_actor(
+            self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, quant_group=cfg.quant_group,
+            platform=self.platform, seed=cfg.seed, max_model_len=max_len, dtype=cfg.engine_dtype,
+            kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
+        self.monitor = quant.WeightUpdateMonitor()
+        if quantized:
+            self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
+        self.rollout = GroupSampler(cfg, self.algorithm, self.engine, self.tokenizer, self.prompts, self.train_problems,
+                                    order=self.sampler)
         first = self.train_problems[0]
         answer = self.tokenizer.encode(first.answer, add_special_tokens=False) + [self.tokenizer.eos_token_id]
         self.probe = SyncProbe((self.prompts.ids(first) + answer)[:self.engine.max_model_len - 1],
-                               every=self.cfg.sync_check_every)
+                               every=cfg.sync_check_every)
         if self.probe.every:
             self.probe.calibrate(self._engine_probe_logprobs(), self._actor_probe_logprobs())
 
@@ -198,32 +188,6 @@ class Trainer:
                 model.to(device)
         if self.cfg.gradient_checkpointing:
             enable_gradient_checkpointing(self.actor, self.critic.backbone if self.critic is not None else None)
-
-    def _find_resume(self) -> str | None:
-        if self.cfg.resume is None:
-            return None
-        where = self.run_dir if self.cfg.resume == "latest" else self.cfg.resume
-        found, damaged = checkpoint.newest_loadable(where)
-        for ckpt, problem in damaged:
-            log.warning("skipping checkpoint %s, it cannot be loaded (%s); %s", ckpt, problem,
-                        f"resuming from {found} instead" if found else "no older one")
-        if found is None:
-            raise TrainingError(f"--resume: no {'loadable' if damaged else 'complete'} checkpoint in {where}")
-        return found
-
-    def _start_engine(self) -> RolloutEngine:
-        """vLLM on a (quantized) copy of the actor, sized for the longest prompt plus response."""
-        cfg = self.cfg
-        longest_prompt = cfg.max_prompt_tokens or max(len(self.prompts.ids(p)) for p in self.train_problems[:2000])
-        positions = getattr(self.actor.config, "max_position_embeddings", None)
-        max_len = context_length(longest_prompt, cfg.max_new_tokens, positions)
-        engine, quantized = RolloutEngine.from_actor(
-            self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, quant_group=cfg.quant_group,
-            platform=self.platform, seed=cfg.seed, max_model_len=max_len, dtype=cfg.engine_dtype,
-            kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
-        if quantized:
-            self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates
-        return engine
 
     def _engine_probe_logprobs(self) -> torch.Tensor:
         return torch.tensor(self.engine.prompt_logprobs([self.probe.sequence])[0])
@@ -280,7 +244,7 @@ class Trainer:
 
         # 1-2. rollout on the (quantized) engine, and rewards
         with timer("rollout"):
-            samples = self.sample_with_dynamic_sampling() if self.algorithm.dynamic_sampling else self.sample()
+            samples = self.rollout()
             self.engine.sleep()
         rollouts = samples.rollouts()
         prompts = [r.prompt_ids for r in rollouts]
@@ -340,44 +304,6 @@ class Trainer:
             self.mismatch_warned = True
         return mismatch
 
-    # -- sampling ---------------------------------------------------------------------------------
-
-    def sample(self, num_prompts: int | None = None) -> Samples:
-        """One round: the next prompts of the data order, G responses each, and their rewards."""
-        cfg = self.cfg
-        problems = [self.train_problems[i] for i in self.sampler.take(num_prompts or cfg.prompts_per_step)]
-        groups = self.engine.generate([self.prompts.ids(p) for p in problems], n=cfg.group_size,
-                                      temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
-                                      stop_token_ids=[self.tokenizer.eos_token_id])
-        samples = Samples()
-        for problem, group in zip(problems, groups):
-            texts = [self.tokenizer.decode(r.response_ids, skip_special_tokens=True) for r in group]
-            correct = torch.tensor([reward(t, problem) for t in texts])
-            shaped = correct.clone()
-            if self.algorithm.overlong_shaping:
-                shaped += torch.tensor([overlong_penalty(len(r.response_ids), cfg.max_new_tokens,
-                                                         cfg.overlong_buffer, cfg.overlong_penalty) for r in group])
-            samples.add(problem, group, shaped, correct)
-        return samples
-
-    def sample_with_dynamic_sampling(self) -> Samples:
-        """DAPO: keep only groups with some right and some wrong answers (judged on accuracy, not on
-        the shaped reward), drawing more prompts for at most --dapo-max-tries rounds; if none carries
-        signal, train on the last round (zero advantages)."""
-        cfg, kept, rounds, dropped = self.cfg, Samples(), 0, 0
-        while len(kept) < cfg.prompts_per_step and rounds < cfg.dapo_max_tries:
-            rounds += 1
-            last = self.sample(cfg.prompts_per_step - len(kept))
-            for problem, group, shaped, correct in zip(last.problems, last.groups, last.rewards, last.correct):
-                if informative_groups(correct, cfg.group_size).item():
-                    kept.add(problem, group, shaped, correct)
-                else:
-                    dropped += 1
-        if not len(kept):
-            kept = last
-        kept.stats = {"rollout_rounds": rounds, "groups_dropped": dropped, "batch_prompts": len(kept)}
-        return kept
-
     # -- the update -------------------------------------------------------------------------------
 
     def update(self, experience: Experience) -> dict:
@@ -398,10 +324,8 @@ class Trainer:
         if self.bad_steps >= cfg.max_bad_steps:
             raise TrainingError(f"{self.bad_steps} steps in a row had a NaN/inf loss or gradient "
                                 f"(--max-bad-steps {cfg.max_bad_steps}); stopping. Lower --lr or check the data.")
-        out = {k: v / max(count, 1) for k, v in sums.items()}
-        out["skipped_updates"] = skipped
-        out["lr"] = self.schedulers["actor"].get_last_lr()[0]
-        return out
+        return {**{k: v / max(count, 1) for k, v in sums.items()}, "skipped_updates": skipped,
+                "lr": self.schedulers["actor"].get_last_lr()[0]}
 
     def _minibatch_step(self, minibatch: Experience) -> dict | None:
         """One optimizer step, gradients accumulated over micro-batches (--micro-batch-size rows or

@@ -1,5 +1,5 @@
 """What the trainer does, pinned so that a broken trainer fails: --objective reaches the loss through
-the trainer's own update, and DAPO's dynamic sampling drops the groups that carry no signal.
+the trainer's own update, and DAPO's dynamic sampling (its rollout) drops the groups that carry no signal.
 In-process, a tiny random Qwen2, no engine (the update and the sync with a live engine:
 tests/test_trainer.py; UAQ's effect on the INT8 codes: tests/test_quant_uaq.py)."""
 import random
@@ -85,32 +85,28 @@ class ScriptedEngine:
                  for text in self.responses[p[0]]] for p in prompts]
 
 
-def _scripted_trainer(problems, responses, **flags):
-    """Just what `sample` and `sample_with_dynamic_sampling` use, with a scripted engine."""
+def _scripted_sampler(problems, responses, **flags):
+    """The trainer's rollout (`sampling.GroupSampler`) on a scripted engine and a one-token-per-problem prompt."""
     from qurl_mini.algorithms import ALGORITHMS
     from qurl_mini.data import PromptSampler
-    from qurl_mini.trainer import Trainer
+    from qurl_mini.sampling import GroupSampler
 
     cfg = Config(algo="dapo", prompts_per_step=len(problems), group_size=4, max_new_tokens=8, **flags)
-    fake = SimpleNamespace(cfg=cfg, algorithm=ALGORITHMS["dapo"], train_problems=problems,
-                           sampler=PromptSampler(len(problems), seed=0), engine=ScriptedEngine(responses),
-                           prompts=SimpleNamespace(ids=lambda p: [problems.index(p)]),
-                           tokenizer=SimpleNamespace(eos_token_id=0, decode=lambda ids, **_: "".join(map(chr, ids))))
-    fake.sample = lambda num_prompts=None: Trainer.sample(fake, num_prompts)
-    return fake
+    tokenizer = SimpleNamespace(eos_token_id=0, decode=lambda ids, **_: "".join(map(chr, ids)))
+    return GroupSampler(cfg, ALGORITHMS["dapo"], ScriptedEngine(responses), tokenizer,
+                        prompts=SimpleNamespace(ids=lambda p: [problems.index(p)]), problems=problems,
+                        order=PromptSampler(len(problems), seed=0))
 
 
 def test_dapo_dynamic_sampling_drops_the_all_right_and_all_wrong_groups():
     from qurl_mini.data import Problem
-    from qurl_mini.trainer import Trainer
 
     problems = [Problem(f"{i}+1?", f"#### {i + 1}", float(i + 1)) for i in range(4)]
     responses = {0: ["#### 1", "#### 1", "#### 1", "#### 1"],  # all right
                  1: ["#### 2", "#### 9", "#### 9", "#### 9"],  # one right
                  2: ["#### 7", "#### 7", "#### 8", "#### 0"],  # all wrong
                  3: ["#### 4", "#### 4", "#### 4", "#### 3"]}  # three right
-    fake = _scripted_trainer(problems, responses, dapo_max_tries=1)
-    kept = Trainer.sample_with_dynamic_sampling(fake)
+    kept = _scripted_sampler(problems, responses, dapo_max_tries=1)()  # DAPO: with dynamic sampling
     assert sorted(kept.problems, key=problems.index) == [problems[1], problems[3]]
     assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 2, "batch_prompts": 2}
     by_question = {p.question: c.tolist() for p, c in zip(kept.problems, kept.correct)}
@@ -121,21 +117,21 @@ def test_dapo_drops_an_all_wrong_group_whose_lengths_differ():
     """DAPO filters on accuracy: the all-wrong group's shaped rewards differ (the overlong penalty
     reaches 3 of its 4 responses), yet it carries no answer signal and is dropped; the mixed one stays."""
     from qurl_mini.data import Problem, PromptSampler
-    from qurl_mini.trainer import Samples, Trainer
+    from qurl_mini.sampling import Samples
 
     problems = [Problem("1+1?", "#### 2", 2.0), Problem("2+2?", "#### 4", 4.0)]
     responses = {0: ["#### 3", " #### 3", "  #### 3", "####3"],  # all wrong; 6, 7, 8 and 5 tokens
                  1: ["#### 4", "#### 5", "#### 4", "#### 5"]}  # two right, two wrong
-    fake = _scripted_trainer(problems, responses, overlong_buffer=4, overlong_penalty=1.0, dapo_max_tries=1)
+    rollout = _scripted_sampler(problems, responses, overlong_buffer=4, overlong_penalty=1.0, dapo_max_tries=1)
 
-    everything = fake.sample(2)
+    everything = rollout.sample(2)
     wrong = everything.problems.index(problems[0])
     assert everything.correct[wrong].tolist() == [0, 0, 0, 0]
     # overlong shaping from 4 tokens on, -1 at 8: lengths 6, 7, 8, 5 -> -0.5, -0.75, -1, -0.25
     assert everything.rewards[wrong].tolist() == pytest.approx([-0.5, -0.75, -1.0, -0.25])
 
-    fake.sampler = PromptSampler(2, seed=0)  # the same draw again, now through dynamic sampling
-    kept = Trainer.sample_with_dynamic_sampling(fake)
+    rollout.order = PromptSampler(2, seed=0)  # the same draw again, now through dynamic sampling
+    kept = rollout()
     assert isinstance(kept, Samples) and kept.problems == [problems[1]]
     assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 1, "batch_prompts": 1}
     assert kept.correct[0].tolist() == [1, 0, 1, 0]
