@@ -57,6 +57,12 @@ def duration(seconds: float) -> str:
     return f"{hours}h {m:02d}m" if hours else f"{m}m {s:02d}s" if m else f"{s}s"
 
 
+def one_line(e: BaseException) -> str:
+    """What failed, where: the OS error's own words and file, on one line."""
+    where = f" ({e.filename})" if getattr(e, "filename", None) else ""
+    return " ".join(str(getattr(e, "strerror", None) or e).split()) + where
+
+
 def main(argv=None) -> int:
     t0 = time.time()
     cfg = parse_args(argv)
@@ -78,8 +84,13 @@ def main(argv=None) -> int:
         print(stopped_message(e, last, __file__, sys.argv[1:] if argv is None else argv), file=sys.stderr)
         return exit_code(e)
     except Exception as e:  # the project's own errors are one line; anything else keeps its traceback
+        from qurl_mini.checkpoint import is_disk_full
+
         if type(e).__name__ in ONE_LINE_ERRORS:
             print(f"error: {e}", file=sys.stderr)
+            return 2
+        if is_disk_full(e):  # any other file of the run (metrics, the engine's start weights, a plot)
+            print(f"error: disk full: {one_line(e)}; free some space and run again with --resume", file=sys.stderr)
             return 2
         raise
     logging.getLogger("qurl_mini").info("%s", end_of_run(summary, time.time() - t0))

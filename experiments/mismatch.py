@@ -34,9 +34,12 @@ TRAIN_FORMATS = ["int2g32", "int3", "int4g32"]
 CONTRAST_FORMAT = "int2g32"
 OBJECTIVES = {"naive": "naive (Eq. 3)", "tis": "TIS (Eq. 5, FlashRL)", "acr": "ACR (Eq. 9, QuRL)"}
 # fixed before the first run, the same for every row: several minibatches and 2 PPO epochs per batch and
-# no KL penalty, so that naive's ratio carries the whole sampler/learner gap
+# no KL penalty, so that naive's ratio carries the whole sampler/learner gap. The engine computes in fp32 on
+# every CPU (the first runs were made on an AVX2-only CPU, where `--engine-dtype auto` is float32), so runs
+# made on different machines are one sweep: the gap comes from the dial's rounding alone
 SETTINGS = {"--algo": "grpo", "--steps": "40", "--prompts-per-step": "16", "--group-size": "8", "--minibatches": "4",
-            "--ppo-epochs": "2", "--kl-coef": "0", "--eval-every": "10", "--eval-size": "200", "--save-every": "40"}
+            "--ppo-epochs": "2", "--kl-coef": "0", "--eval-every": "10", "--eval-size": "200", "--save-every": "40",
+            "--engine-dtype": "float32"}
 SMOKE = {"--steps": "2", "--prompts-per-step": "4", "--group-size": "4", "--minibatches": "2", "--eval-every": "1",
          "--eval-size": "8", "--save-every": "2"}
 TIS_CAP = 2.0  # train.py's default C
@@ -348,12 +351,15 @@ def warm_start_dir(recorded: str) -> str | None:
 
 
 def machines(table: dict) -> str:
-    """The CPUs (and engine dtypes) the runs recorded in their summary.json, with how many runs each."""
-    from collections import Counter
-
-    seen = Counter(f"{r['summary'].get('machine', 'CPU not recorded')}, engine dtype "
-                   f"{r['summary'].get('engine_dtype', 'not recorded')}" for runs in table.values() for r in runs)
-    return "; ".join(f"{name} ({n} runs)" for name, n in seen.items())
+    """The CPUs (and engine dtypes) the runs recorded in their summary.json, with the rows run on each."""
+    seen = {}
+    for row, runs in table.items():
+        for r in runs:
+            name = (f"{r['summary'].get('machine', 'CPU not recorded')}, engine dtype "
+                    f"{r['summary'].get('engine_dtype', 'not recorded')}")
+            seen.setdefault(name, {}).setdefault(row, 0)
+            seen[name][row] += 1
+    return "; ".join(f"{name} ({', '.join(f'{row} x{n}' for row, n in rows.items())})" for name, rows in seen.items())
 
 
 def sweep(args, argv) -> int:
@@ -372,13 +378,14 @@ def sweep(args, argv) -> int:
     bf16_final = os.path.join(args.work, "runs", f"bf16-seed{args.seeds[0]}", "final")
     static_path = args.out + "_static.json"
     previous = json.load(open(static_path)) if os.path.exists(static_path) else {}
-    static = {}
+    static, kept = {}, []
     # models not committed (a run's final model) or not built here keep the measurement made with them
     for key, model_dir in (("warm_start", warm), ("bf16_end", bf16_final)):
         if model_dir and os.path.isdir(model_dir):
             static[key] = static_mismatch(model_dir, test, prompts=args.static_prompts, samples=4, tokens=24)
         elif key in previous:
             static[key] = previous[key]
+            kept.append(key)
     with open(static_path, "w") as f:
         json.dump(static, f, indent=1)
 
@@ -394,7 +401,9 @@ def sweep(args, argv) -> int:
           f"the row's `--quant --quant-group --objective`, seeds {args.seeds}; runs in "
           f"`{os.path.relpath(args.work, REPO)}/runs/`, trained on: {machines(table)}. The BF16 row is the "
           f"unquantized engine (`--quant none`, in the engine dtype above: `--engine-dtype auto` picks float32 "
-          f"where the CPU has no bf16 arithmetic); the dial's formats are emulated in it.\n",
+          f"where the CPU has no bf16 arithmetic); the dial's formats are emulated in it. Runs made before "
+          f"`--engine-dtype float32` joined the settings recorded `auto`, which their AVX2-only CPU resolved to "
+          f"float32 (each run's summary.json has the dtype it ran in).\n",
           "## Is there a format where naive Eq. 3 breaks while ACR holds?\n", headline(stats, args.formats), "",
           "## Training: final greedy test accuracy and the measured mismatch\n",
           f"Warm start: {100 * stats['bf16']['start']:.1f}%. KL(behav‖prox) is the k3 estimator over each step's "
@@ -403,9 +412,12 @@ def sweep(args, argv) -> int:
           "## Static mismatch per format\n",
           f"{args.static_prompts} held-out prompts x 4 samples at T = 1 drawn from the quantized copy (HF, weights "
           "rounded as the engine rounds them; INT8 also rounds activations per token), 24 new tokens, "
-          "statistics over the sampled tokens.\n", "### At the warm start\n", static_markdown(static["warm_start"]), ""]
+          "statistics over the sampled tokens (one sample of responses: another seed or CPU draws other tokens, and "
+          "the numbers move by tens of percent: compare formats within one table).\n", "### At the warm start\n", static_markdown(static["warm_start"]), ""]
     if "bf16_end" in static:
-        md += [f"### At the end of the BF16 run (seed {args.seeds[0]}, {args.settings['--steps']} steps)\n",
+        was = (" (measured from the run's final model on the machine that trained it; the model is not committed, "
+               "so this table is kept from that measurement)" if "bf16_end" in kept else "")
+        md += [f"### At the end of the BF16 run (seed {args.seeds[0]}, {args.settings['--steps']} steps){was}\n",
                static_markdown(static["bf16_end"]), ""]
     md += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs]
     with open(args.out + ".md", "w") as f:

@@ -175,6 +175,22 @@ def test_a_full_disk_during_a_checkpoint_save_is_one_line_and_keeps_the_previous
     assert checkpoint.newest_loadable(str(run_dir)) == (str(run_dir / "checkpoints" / "step-000008"), [])
 
 
+def test_a_full_disk_at_any_other_file_of_the_run_is_one_line(resumed, tiny, data_file, tmp_path):
+    """Not a checkpoint: the engine's start weights (engine-init-int8/), written before the first step."""
+    limit = os.path.getsize(resumed.run_dir / "engine-init-int8" / "model.safetensors") // 2
+
+    def file_size_limit():
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+    proc = start_train(tiny_flags(tiny, data_file, tmp_path, "--steps", "2"), tmp_path / "f.log",
+                       env=dict(ENV, TORCH_COMPILE_DISABLE="1"), preexec_fn=file_size_limit)
+    assert proc.wait(timeout=600) == 2
+    line = last_line((tmp_path / "f.log").read_text())
+    assert line.startswith("error: disk full: "), line
+    assert "free some space and run again with --resume" in line
+
+
 def test_sigterm_stops_with_one_line_and_exit_143(tiny, data_file, tmp_path):
     flags = tiny_flags(tiny, data_file, tmp_path, "--steps", "8")
     proc = start_train(flags, tmp_path / "t.log")
