@@ -18,6 +18,7 @@ because the slip is shared by all problems, what RL fixes carries over to held-o
 (Without the slip, a tiny model's remaining errors are per-fact arithmetic gaps, which RL
 fills about as slowly as more SFT would: too slow to show within minutes on a CPU.)
 """
+import fcntl
 import hashlib
 import json
 import logging
@@ -198,13 +199,21 @@ def _cached_description(out_dir: str) -> str:
 def warm_start(cache_dir: str, train: list[Problem], *, variant: str = "synthetic", steps: int | None = None,
                lr: float, teacher_slip: float, seed: int = 0, source: str = "synthetic") -> str:
     """Path of the SFT'd embedded model, built on first use and cached by its settings."""
-    from transformers import Qwen2ForCausalLM
-
     shape = EMBEDDED_VARIANTS[variant]
     teacher_slip = teacher_slip if shape.teacher_slips else 0.0
     settings = warm_start_settings(variant, train, steps=steps or shape.sft_steps, batch_size=shape.sft_batch_size,
                                    lr=lr, teacher_slip=teacher_slip, seed=seed, source=source)
     out_dir = os.path.join(cache_dir, f"embedded-sft-{warm_start_key(settings)}")
+    os.makedirs(cache_dir, exist_ok=True)
+    with open(out_dir + ".lock", "w") as lock:  # runs started together (make contrast) build it once:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait here, then reuse it; the kernel drops it on any exit
+        return _build_warm_start(out_dir, settings, shape, train, lr, seed, teacher_slip, variant)
+
+
+def _build_warm_start(out_dir: str, settings: dict, shape, train: list[Problem], lr: float, seed: int,
+                      teacher_slip: float, variant: str) -> str:
+    from transformers import Qwen2ForCausalLM
+
     if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
         log.info("warm start: reusing %s (%s)", out_dir, _cached_description(out_dir))
         return out_dir
@@ -223,5 +232,6 @@ def warm_start(cache_dir: str, train: list[Problem], *, variant: str = "syntheti
     tokenizer.save_pretrained(tmp_dir)
     with open(os.path.join(tmp_dir, "sft_settings.json"), "w") as f:
         json.dump({**settings, "description": description}, f, indent=1)
+    shutil.rmtree(out_dir, ignore_errors=True)  # a folder left without its weights (a half-copied cache)
     os.replace(tmp_dir, out_dir)
     return out_dir

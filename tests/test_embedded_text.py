@@ -93,7 +93,7 @@ def test_two_steps_on_real_gsm8k_with_the_embedded_model(tmp_path):
     assert len(warm_lines) == 1, warm_lines
     assert "byte fallback, 2048 positions" in warm_lines[0] and "no teacher slip" in warm_lines[0]
     assert "7473 train.jsonl problems" in warm_lines[0]
-    (model_dir,) = [p for p in cache.iterdir() if p.name.startswith("embedded-sft-")]
+    (model_dir,) = [p for p in cache.iterdir() if p.is_dir() and p.name.startswith("embedded-sft-")]
     settings = json.loads((model_dir / "sft_settings.json").read_text())
     assert settings["teacher_slip"] == 0.0 and settings["variant"] == "text"
     assert "Natalia sold clips" in log_text  # the first training prompt, printed as the model sees it

@@ -308,3 +308,30 @@ def test_an_output_path_that_is_not_writable_is_one_line_in_every_script(script,
     flag = "--out-dir" if script == "train.py" else "--out"
     shown = out / "r" if script == "train.py" else out
     assert code == 2 and line == f"error: {flag} {shown}: {read_only_dir} is not writable", line
+
+
+WARM_START_SCRIPT = """
+import logging, sys
+logging.basicConfig(level=logging.INFO, format="%(message)s")
+from qurl_mini.data import synthetic_splits
+from qurl_mini.embedded import warm_start
+train, _ = synthetic_splits(64, 0, 20)
+print("DIR", warm_start(sys.argv[1], train, steps=40, lr=1e-3, teacher_slip=0.5))
+"""
+
+
+def test_two_runs_starting_together_build_the_warm_start_once(tmp_path):
+    """make contrast starts two runs at once on a fresh clone: the second waits for the first's warm start
+    and reuses it (before, both wrote the same .tmp folder and one crashed on the rename)."""
+    cache = tmp_path / "cache"
+    procs = [subprocess.Popen([sys.executable, "-c", WARM_START_SCRIPT, str(cache)], cwd=REPO, env=ENV, text=True,
+                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT) for _ in range(2)]
+    outs = [p.communicate(timeout=600)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    built = [o for o in outs if re.search(r"warm start: .*cached in", o)]
+    reused = [o for o in outs if "warm start: reusing" in o]
+    assert len(built) == 1 and len(reused) == 1, outs
+    dirs = {line.split()[1] for o in outs for line in o.splitlines() if line.startswith("DIR ")}
+    (model_dir,) = dirs
+    assert os.path.isfile(os.path.join(model_dir, "model.safetensors"))
+    assert not [p.name for p in cache.iterdir() if p.name.endswith(".tmp")]
