@@ -110,14 +110,6 @@ class Experience:
         w = self.sequences.width
         return replace(self._map(lambda t: t[:, :w - 1]), sequences=self.sequences.trimmed())
 
-    def split(self, size: int) -> list["Experience"]:
-        """Consecutive chunks of `size` rows (micro-batches)."""
-        return [self[i:i + size] for i in range(0, len(self), size)]
-
-    def split_by_tokens(self, max_tokens: int) -> list["Experience"]:
-        """Consecutive micro-batches of at most `max_tokens` padded tokens each (see micro_batch_slices)."""
-        return self.micro_batches(len(self), max_tokens)
-
     def micro_batches(self, max_rows: int, max_tokens: int | None = None) -> list["Experience"]:
         """--micro-batch-size rows, or --max-tokens-per-micro-batch tokens when set; each trimmed."""
         return [self[s].trimmed() for s in micro_batch_slices(self.sequences.attention_mask, max_rows, max_tokens)]

@@ -2,7 +2,7 @@
 
 An ESTIMATE, part by part, of what this trainer keeps on a GPU: the fp32 actor with its gradients and
 AdamW state, PPO's critic (a copy of the backbone, trained the same way), the frozen reference (bf16,
-only when --kl-coef > 0), the rollout engine's share of the GPU (vLLM takes --gpu-memory-utilization
+only when --kl-coef > 0), the weight monitor's copy of the quantized projections, the rollout engine's share of the GPU (vLLM takes --gpu-memory-utilization
 of it for weights + KV cache; sleep level 1 hands it back during the update), one micro-batch's
 activations under bf16 autocast (all of them, or with --gradient-checkpointing each layer's input plus
 one layer's) and one chunk of fp32 logits.
@@ -94,11 +94,14 @@ def memory_plan(cfg, shape: ModelShape, gpu_gib: float = 80.0, logprob_chunk_tok
         "critic (PPO: backbone copy, trained)": (p - (shape.vocab * shape.hidden if not shape.tied else 0)) * trained / GIB
         if cfg.algo == "ppo" else 0.0,
         "reference (bf16, frozen; none when --kl-coef 0)": p * 2 / GIB if cfg.kl_coef > 0 else 0.0,
+        # quant.WeightUpdateMonitor keeps the last sync's projections for Eq. 13-14: fp32 weights + 1-byte codes
+        "weight monitor (fp32 copy + codes of each quantized projection; none when --quant none)":
+            shape.decoder_linear_params * (4 + 1) / GIB if cfg.quant != "none" else 0.0,
         f"rollout engine ({cfg.quant}; weights + KV cache, --gpu-memory-utilization)": cfg.gpu_memory_utilization * gpu_gib,
         f"update: activations of one {tokens}-token micro-batch (bf16 autocast, {checkpointing})": activations / GIB,
         "update: fp32 logits of one log-prob chunk": logits / GIB,
     }
-    resident = sum(v for k, v in plan.items() if k.startswith(("actor", "critic", "reference")))
+    resident = sum(v for k, v in plan.items() if k.startswith(("actor", "critic", "reference", "weight monitor")))
     rollout = plan[next(k for k in plan if k.startswith("rollout engine"))]
     update = sum(v for k, v in plan.items() if k.startswith("update"))
     plan["peak (resident + max(rollout, update); sleep frees the engine)"] = resident + max(rollout, update)

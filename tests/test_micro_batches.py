@@ -100,10 +100,10 @@ def test_token_budget_slices_respect_the_budget_and_cover_every_row_once_in_orde
     assert [s.stop - s.start for s in micro_batch_slices(seq.attention_mask, 4)] == [4, 4, 1]  # by rows, as before
 
 
-def test_split_by_tokens_trims_only_padding_and_keeps_per_token_tensors_aligned(models):
+def test_micro_batches_by_tokens_trim_only_padding_and_keeps_per_token_tensors_aligned(models):
     actor = load_actor(models[0])[0]
     exp = _experience(actor, actor, Critic(actor))
-    micros = exp.split_by_tokens(40)
+    micros = exp.micro_batches(len(exp), 40)
     assert sum(map(len, micros)) == len(exp) and len(micros) > 2
     start = 0
     for micro in micros:

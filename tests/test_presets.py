@@ -10,6 +10,7 @@ import train
 from qurl_mini.config import load_preset, parse_args, presets
 from qurl_mini.memory import KNOWN_SHAPES, memory_plan
 
+PEAK = "peak (resident + max(rollout, update); sleep frees the engine)"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -48,6 +49,12 @@ def test_memory_plan_parts_follow_from_the_sizes():
     assert plan["actor (fp32 weights + grads + AdamW)"] == pytest.approx(16 * shape.params / 2**30)
     assert plan["reference (bf16, frozen; none when --kl-coef 0)"] == pytest.approx(2 * shape.params / 2**30)
     assert plan["fits one 80 GiB GPU"]
+    monitor = next(v for k, v in plan.items() if k.startswith("weight monitor"))
+    linear = 24 * (896 * 64 * (2 * 14 + 2 * 2) + 3 * 896 * 4864)  # q, k, v, o and gate, up, down of 24 layers
+    assert monitor == pytest.approx(5 * linear / 2**30) and 1.6 < monitor < 1.7  # fp32 copy + int8 codes
+    none = memory_plan(parse_args(["--preset", "gsm8k-ppo-qwen2.5-0.5b", "--quant", "none"]), shape)
+    assert next(v for k, v in none.items() if k.startswith("weight monitor")) == 0.0
+    assert plan[PEAK] == pytest.approx(none[PEAK] + monitor)
     activations = next(v for k, v in plan.items() if k.startswith("update: activations of one 16384-token"))
     per_token_layer = 16 * 896 + 8 * 4864 + 4 * 2 * 64  # bf16 autocast, fp32 norm inputs (memory.py)
     assert activations == pytest.approx(16384 * 24 * per_token_layer / 2**30)
