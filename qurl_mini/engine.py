@@ -23,12 +23,14 @@ class Platform:
     cuda: bool
     fp8_kernel: bool  # W8A8 FP8 needs CUDA compute capability >= 8.9
     bf16_math: bool = True  # bf16 arithmetic in hardware (CPUs without it emulate bf16, slowly)
+    int8_needs_bf16: bool = False  # AMX CPUs: vLLM's INT8 kernel (sgl) takes bf16 activations, not fp32
 
     @classmethod
     def detect(cls) -> "Platform":
         cuda = torch.cuda.is_available()
         return cls(cuda=cuda, fp8_kernel=cuda and torch.cuda.get_device_capability() >= (8, 9),
-                   bf16_math=cuda or hardware.has_bf16_arithmetic())
+                   bf16_math=cuda or hardware.has_bf16_arithmetic(),
+                   int8_needs_bf16=not cuda and hardware.has_amx_tiles())
 
     def engine_dtype(self, requested: str = "auto") -> str:
         """The engine's unquantized dtype (attention, norms, lm_head; all of a bf16 engine):
@@ -36,6 +38,12 @@ class Platform:
         if requested != "auto":
             return requested
         return "bfloat16" if self.bf16_math else "float32"
+
+    def check_engine_dtype(self, engine_format: str, dtype: str) -> None:
+        """A QuantError (one line) for a format + dtype this machine's vLLM cannot run."""
+        if engine_format == "int8" and dtype == "float32" and self.int8_needs_bf16:
+            raise quant.QuantError("--quant int8 with --engine-dtype float32: on this CPU (AMX) vLLM's INT8 kernel "
+                                   "takes bf16 activations only; use --engine-dtype auto or bfloat16")
 
     def engine_format(self, quant_fmt: str) -> str:
         """What the engine really runs: 'bf16' (unquantized, any dtype), 'int8', 'fp8', or an
@@ -100,6 +108,7 @@ class RolloutEngine:
         fmt = engine_format.removesuffix("-emulated")
         self.quant_group = quant.resolve_group(fmt, quant_group) if fmt != "bf16" else 0  # grid of emulated formats
         self.dtype = platform.engine_dtype(dtype)
+        platform.check_engine_dtype(engine_format, self.dtype)
         kwargs = dict(model=model_dir, dtype=self.dtype, seed=seed, enforce_eager=True,
                       max_model_len=max_model_len, logprobs_mode="processed_logprobs",
                       # its "Loading safetensors checkpoint shards" bar goes with its warnings (progress.py)
@@ -120,6 +129,7 @@ class RolloutEngine:
         if quant_fmt != "none":
             quant.check_group(actor, quant_fmt, quant_group)
         engine_format, dtype = platform.resolve_format(quant_fmt, quant_group), platform.engine_dtype(dtype)
+        platform.check_engine_dtype(engine_format, dtype)  # before the checkpoint is written
         path = os.path.join(out_dir, f"engine-init-{engine_format}")
         pairs, quantized = checkpoint_tensors(actor, engine_format, getattr(torch, dtype), quant_group)
         if engine_format in ("int8", "fp8"):

