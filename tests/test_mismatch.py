@@ -91,7 +91,9 @@ def test_mismatch_smoke_writes_its_tables_and_plots_from_its_own_runs(tmp_path):
         assert len(re.findall(rf"^\| `{label}` \| (W8A8|per )", md, flags=re.M)) == 2, label
     data = json.loads((tmp_path / "mismatch.json").read_text())
     static = data["static"]["warm_start"]
-    assert static["int8"]["kl_k3"] < static["int4g32"]["kl_k3"] < static["int2g32"]["kl_k3"]
+    # 4 prompts x 4 samples (~220 tokens) is one small sample: the finer formats can swap places (int8 6e-5
+    # vs int4g32 3e-5 on one warm start, 3e-6 vs 9e-5 on another); the coarsest is ~100x above both
+    assert max(static["int8"]["kl_k3"], static["int4g32"]["kl_k3"]) * 10 < static["int2g32"]["kl_k3"]
     for row in ("bf16", "int2g32-naive", "int2g32-tis", "int2g32-acr"):
         summary = json.loads((tmp_path / "mismatch_runs" / "runs" / f"{row}-seed0" / "summary.json").read_text())
         assert data["training"][row]["final"] == [summary["final_test_accuracy"]]
