@@ -110,7 +110,8 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
-        with written_atomically(args.out, tensor_bytes(model.state_dict())) as folder:  # whole, or not there
+        # whole, or not there
+        with written_atomically(args.out, tensor_bytes(model.state_dict()), then="run again") as folder:
             if args.fmt == "none":
                 model.save_pretrained(folder)
                 what = (f"UAQ-rescaled (s={args.uaq_scale:g}) {str(model.dtype).removeprefix('torch.')} HF checkpoint "

@@ -22,6 +22,7 @@ import os
 import statistics
 import sys
 import time
+from collections import Counter
 
 from runs import REPO, commit, mean_sd, read_run, run, series, test_accuracy_curve
 
@@ -357,8 +358,7 @@ def machines(table: dict) -> str:
         for r in runs:
             name = (f"{r['summary'].get('machine', 'CPU not recorded')}, engine dtype "
                     f"{r['summary'].get('engine_dtype', 'not recorded')}")
-            seen.setdefault(name, {}).setdefault(row, 0)
-            seen[name][row] += 1
+            seen.setdefault(name, Counter())[row] += 1
     return "; ".join(f"{name} ({', '.join(f'{row} x{n}' for row, n in rows.items())})" for name, rows in seen.items())
 
 

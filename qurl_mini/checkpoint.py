@@ -71,9 +71,10 @@ def save_model(folder: str, actor, tokenizer) -> str:
 
 
 @contextlib.contextmanager
-def written_atomically(folder: str, size: int):
+def written_atomically(folder: str, size: int, then: str = "run again with --resume"):
     """Yields a temporary folder that becomes `folder` when the block ends; on any failure (an interrupt too)
-    it is removed, and a full disk becomes one DiskFullError line naming `folder` and the space it needs."""
+    it is removed, and a full disk becomes one DiskFullError line naming `folder`, the space it needs and
+    what to do `then`."""
     tmp = f"{folder}.tmp{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
     try:
@@ -84,7 +85,7 @@ def written_atomically(folder: str, size: int):
         if is_disk_full(e):
             free = shutil.disk_usage(os.path.dirname(tmp)).free
             raise DiskFullError(f"disk full writing {folder}: it needs about {_size(size)}, {_size(free)} free "
-                                f"there ({first_line(e)}); free some space and run again with --resume") from None
+                                f"there ({first_line(e)}); free some space and {then}") from None
         raise
     if os.path.exists(folder):
         shutil.rmtree(folder)

@@ -25,7 +25,6 @@ import logging
 import math
 import os
 import random
-import shutil
 import string
 from dataclasses import dataclass
 from typing import Callable
@@ -207,17 +206,21 @@ def warm_start(cache_dir: str, train: list[Problem], *, variant: str = "syntheti
     os.makedirs(cache_dir, exist_ok=True)
     with open(out_dir + ".lock", "w") as lock:  # runs started together (make contrast) build it once:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait here, then reuse it; the kernel drops it on any exit
-        return _build_warm_start(out_dir, settings, shape, train, lr, seed, teacher_slip, variant)
+        if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+            log.info("warm start: reusing %s (%s)", out_dir, _cached_description(out_dir))
+        else:
+            _sft_and_save(out_dir, settings, variant, train)
+    return out_dir
 
 
-def _build_warm_start(out_dir: str, settings: dict, shape, train: list[Problem], lr: float, seed: int,
-                      teacher_slip: float, variant: str) -> str:
+def _sft_and_save(out_dir: str, settings: dict, variant: str, train: list[Problem]) -> None:
+    """The warm start itself: SFT of a fresh tiny Qwen2 with `settings`, written whole (or not at all) to out_dir."""
     from transformers import Qwen2ForCausalLM
 
-    if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
-        log.info("warm start: reusing %s (%s)", out_dir, _cached_description(out_dir))
-        return out_dir
-    torch.manual_seed(seed)
+    from .checkpoint import tensor_bytes, written_atomically
+
+    shape = EMBEDDED_VARIANTS[variant]
+    torch.manual_seed(settings["seed"])
     tokenizer = shape.tokenizer()
     model = Qwen2ForCausalLM(tiny_qwen2_config(tokenizer, vocab_size=shape.vocab_size,
                                                max_positions=shape.max_positions))
@@ -225,13 +228,10 @@ def _build_warm_start(out_dir: str, settings: dict, shape, train: list[Problem],
     description = describe_warm_start(variant, settings, sum(p.numel() for p in model.parameters()),
                                       skipped=len(train) - len(fitting))
     log.info("warm start: %s; cached in %s", description, out_dir)
-    sft(model, tokenizer, fitting, settings["steps"], settings["batch_size"], lr, seed, teacher_slip)
-    tmp_dir = out_dir + ".tmp"
-    shutil.rmtree(tmp_dir, ignore_errors=True)
-    model.save_pretrained(tmp_dir)
-    tokenizer.save_pretrained(tmp_dir)
-    with open(os.path.join(tmp_dir, "sft_settings.json"), "w") as f:
-        json.dump({**settings, "description": description}, f, indent=1)
-    shutil.rmtree(out_dir, ignore_errors=True)  # a folder left without its weights (a half-copied cache)
-    os.replace(tmp_dir, out_dir)
-    return out_dir
+    sft(model, tokenizer, fitting, settings["steps"], settings["batch_size"], settings["lr"], settings["seed"],
+        settings["teacher_slip"])
+    with written_atomically(out_dir, tensor_bytes(model.state_dict()), then="run again") as tmp_dir:
+        model.save_pretrained(tmp_dir)
+        tokenizer.save_pretrained(tmp_dir)
+        with open(os.path.join(tmp_dir, "sft_settings.json"), "w") as f:
+            json.dump({**settings, "description": description}, f, indent=1)

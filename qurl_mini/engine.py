@@ -129,7 +129,6 @@ class RolloutEngine:
         if quant_fmt != "none":
             quant.check_group(actor, quant_fmt, quant_group)
         engine_format, dtype = platform.resolve_format(quant_fmt, quant_group), platform.engine_dtype(dtype)
-        platform.check_engine_dtype(engine_format, dtype)  # before the checkpoint is written
         path = os.path.join(out_dir, f"engine-init-{engine_format}")
         pairs, quantized = checkpoint_tensors(actor, engine_format, getattr(torch, dtype), quant_group)
         if engine_format in ("int8", "fp8"):

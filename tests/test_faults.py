@@ -335,3 +335,4 @@ def test_two_runs_starting_together_build_the_warm_start_once(tmp_path):
     (model_dir,) = dirs
     assert os.path.isfile(os.path.join(model_dir, "model.safetensors"))
     assert not [p.name for p in cache.iterdir() if p.name.endswith(".tmp")]
+    assert not [p.name for p in cache.iterdir() if ".tmp" in p.name]  # written_atomically's .tmp<pid> too
