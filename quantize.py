@@ -74,7 +74,8 @@ def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dic
 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--model", required=True, help="HF folder or hub id (a causal LM)")
+    parser.add_argument("--model", required=True, help="HF folder, hub id or model name (smollm2-135m: "
+                                                                   "converted once into .cache)")
     parser.add_argument("--fmt", choices=["none", *FORMATS], required=True,
                         help="quantization format; none: only UAQ, an HF checkpoint in the input's dtype; "
                              "int6 .. int2: weights rounded to that grid (emulated), a float32 HF checkpoint")
@@ -95,11 +96,13 @@ def main(argv=None) -> int:
     from qurl_mini.actor import ModelError, load_actor
     from qurl_mini.checkpoint import DiskFullError, tensor_bytes, written_atomically
     from qurl_mini.data import synthetic_splits
+    from qurl_mini.named_models import resolve_model
     from qurl_mini.quant import QuantError, check_group, dequantize, describe, quantized_state, save_quantized_checkpoint
     from qurl_mini.uaq import UAQError, apply_uaq
 
     try:
         check_output_dir(args.out, "--out")
+        args.model = resolve_model(args.model, ".cache")
         if args.group is not None and args.fmt == "none":
             raise QuantError("--group needs a quantized --fmt (int6 .. int2)")
         model, tokenizer = load_actor(args.model, dtype="auto" if args.fmt == "none" else torch.float32)

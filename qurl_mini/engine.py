@@ -177,13 +177,17 @@ class RolloutEngine:
     # -- weight sync ---------------------------------------------------------------------------
 
     def computing_like(self, actor):
-        """A context in which the HF actor computes like this engine: its weights (and, for a real
-        W8A8 kernel, its activations) rounded to the engine's grid; unchanged for an unquantized engine."""
-        if self.engine_format == "bf16":
-            return contextlib.nullcontext(actor)
+        """A context in which the HF actor computes like this engine: its weights as the engine holds them
+        (decoder projections on the format's grid, every other tensor rounded to the engine's dtype) and, for a
+        real W8A8 kernel, its activations rounded per token. The arithmetic stays the actor's (fp32)."""
         fmt = self.engine_format.removesuffix("-emulated")
-        return quant.fake_quantized(actor, fmt, activations=not self.engine_format.endswith("-emulated"),
-                                    group=self.quant_group)
+        projections = set() if fmt == "bf16" else {f"{n}.weight" for n in quant.quant_target_names(actor)}
+        stack = contextlib.ExitStack()
+        stack.enter_context(quant.rounded_weights(actor, getattr(torch, self.dtype), keep=projections))
+        if fmt != "bf16":
+            stack.enter_context(quant.fake_quantized(actor, fmt, activations=not self.engine_format.endswith("-emulated"),
+                                                     group=self.quant_group))
+        return stack
 
     def checkpoint_tensors(self, actor):
         """The actor's weights in this engine's format, and {name: (codes, scale)} (see below)."""

@@ -104,10 +104,43 @@ def fake_quant_linear(x, weight, bias, fmt, activations: bool = True, group: int
     return out.to(x.dtype)
 
 
+KEPT_ATTR = "qurl_unquantized"  # the model config's list of decoder projections the rollout engine keeps unquantized
+FUSED = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))  # vLLM runs each group as one layer
+
+
 def quant_target_names(model) -> list[str]:
-    """Module names of the decoder projections (not embeddings, norms or lm_head)."""
+    """Module names of the decoder projections (not embeddings, norms or lm_head), less those kept unquantized."""
+    kept = set(getattr(model.config, KEPT_ATTR, None) or ())
     return [name for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}" and "lm_head" not in name]
+            if isinstance(module, torch.nn.Linear) and ".layers." in f".{name}" and "lm_head" not in name
+            and name not in kept]
+
+
+def keep_unquantized(model, pattern: str | None) -> list[str]:
+    """Keep the decoder projections whose name matches `pattern` (a regex, searched) unquantized in the rollout
+    engine: the field's repair for layers with outlier activations (NeMo-RL keeps the first and last layers in
+    bf16, FlashRL the lm_head in fp32). Recorded in the model's config, so checkpoints carry it."""
+    import re
+
+    model.config.__dict__.pop(KEPT_ATTR, None)
+    if not pattern:
+        return []
+    try:
+        regex = re.compile(pattern)
+    except re.error as e:
+        raise QuantError(f"--quant-keep {pattern!r} is not a regular expression ({e})") from None
+    kept = [n for n in quant_target_names(model) if regex.search(n)]
+    if not kept:
+        raise QuantError(f"--quant-keep {pattern!r} matches no decoder projection (e.g. {quant_target_names(model)[0]})")
+    for group in FUSED:
+        for name in kept:
+            prefix, _, leaf = name.rpartition(".")
+            siblings = {f"{prefix}.{g}" for g in group}
+            if leaf in group and not siblings <= set(kept) and all(model.get_submodule(s) for s in siblings):
+                raise QuantError(f"--quant-keep {pattern!r} keeps {name} but not all of {sorted(siblings)}: vLLM runs "
+                                 "them as one fused layer, quantized or not")
+    setattr(model.config, KEPT_ATTR, kept)
+    return kept
 
 
 def check_group(model, fmt: str, group: int | None) -> None:
@@ -137,6 +170,26 @@ def fake_quantized(model, fmt: str, activations: bool = True, group: int | None 
     finally:
         for m, forward in zip(modules, originals):
             m.forward = forward
+
+
+@contextlib.contextmanager
+def rounded_weights(model, dtype: torch.dtype, keep: set[str] = frozenset()):
+    """Inside the block every parameter but those named in `keep` is rounded to `dtype` (and back), as an engine
+    of that dtype holds it; restored exactly afterwards. An update smaller than dtype's resolution vanishes
+    here as it does in the engine (a bf16 engine does not see a 1e-7 step of a norm weight)."""
+    saved = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if name not in keep and p.dtype != dtype:
+                saved[name] = p.detach().clone()
+                p.copy_(p.to(dtype))
+    try:
+        yield model
+    finally:
+        with torch.no_grad():
+            for name, p in model.named_parameters():
+                if name in saved:
+                    p.copy_(saved[name])
 
 
 # ----- checkpoint format (compressed-tensors) --------------------------------------------------
@@ -191,6 +244,7 @@ def save_quantized_checkpoint(model, tokenizer, out_dir: str, fmt: str, pairs=No
     save_file(tensors, os.path.join(out_dir, "model.safetensors"), metadata={"format": "pt"})
     config = model.config.to_dict()
     config["quantization_config"] = compressed_tensors_config(fmt)
+    config["quantization_config"]["ignore"] += list(getattr(model.config, KEPT_ATTR, None) or ())
     config["torch_dtype"] = "bfloat16"
     with open(os.path.join(out_dir, "config.json"), "w") as f:
         json.dump(config, f, indent=1)

@@ -32,6 +32,7 @@ from .evaluate import greedy_accuracy
 from .hardware import describe_cpu
 from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, sampler_mismatch, value_loss
 from .metrics import MetricsLog, plot_metrics
+from .named_models import is_named, resolve_model
 from .paths import check_model_dir, check_output_dir
 from .progress import progress_bar
 from .prompts import PromptBuilder
@@ -52,7 +53,7 @@ def base_model_path(cfg: Config, train_problems) -> str:
     """--model, or the embedded tiny Qwen2 after its (cached) SFT warm start: the synthetic variant on
     the synthetic task, the byte-fallback one (any text, 2048 positions) on real data."""
     if cfg.model is not None:
-        return cfg.model
+        return resolve_model(cfg.model, cfg.cache_dir)  # a name (smollm2-135m): its folder, converted once
     variant = "synthetic" if cfg.data == "synthetic" else "text"
     return warm_start(cfg.cache_dir, train_problems, variant=variant, steps=cfg.sft_steps, lr=cfg.sft_lr,
                       teacher_slip=cfg.teacher_slip, seed=0, source=os.path.basename(cfg.data))
@@ -65,7 +66,7 @@ class Trainer:
         self.cfg = cfg
         self.run_dir = os.path.join(cfg.out_dir, cfg.run_name)
         check_output_dir(self.run_dir, "--out-dir")
-        if cfg.model is None:
+        if cfg.model is None or is_named(cfg.model):
             check_output_dir(cfg.cache_dir, "--cache-dir")
         else:
             check_model_dir(cfg.model)
@@ -124,6 +125,7 @@ class Trainer:
         self.actor, self.tokenizer = load_actor(os.path.join(resume_from, "actor") if resume_from else self.base_model)
         if not resume_from:  # once, before training (Eq. 11); a checkpoint holds the rescaled weights already
             apply_uaq(self.actor, cfg.uaq_scale)
+        quant.keep_unquantized(self.actor, cfg.quant_keep)  # before the engine's first checkpoint
         self.actor.train()
         device = torch.device("cuda" if self.platform.cuda else "cpu")  # the models train where the engine runs
         # the reference without UAQ: Eq. 11 leaves the function unchanged, and the reference is never quantized

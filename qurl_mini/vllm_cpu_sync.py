@@ -66,8 +66,7 @@ def sync_int8_model(model, named_tensors, model_dtype=torch.bfloat16) -> int:
         kernel = _int8_kernel(module)
         if kernel is None:
             continue
-        prefix, _, leaf = module_name.rpartition(".")
-        names = [f"{prefix}.{part}" if prefix else part for part in fused.get(leaf, [leaf])]
+        names = _checkpoint_names(module_name, fused)
         present = [f"{n}.weight" in tensors for n in names]
         if not any(present):
             continue
@@ -80,11 +79,39 @@ def sync_int8_model(model, named_tensors, model_dtype=torch.bfloat16) -> int:
                            torch.cat([tensors[f"{n}.weight_scale"].reshape(-1, 1) for n in names]), model_dtype)
         consumed |= {f"{n}.{s}" for n in names for s in ("weight", "weight_scale", "bias")}
         written += 1
+    for module_name, module in model.named_modules():  # projections kept unquantized (--quant-keep)
+        names = _checkpoint_names(module_name, fused)
+        if _is_unquantized_linear(module) and all(f"{n}.weight" in tensors for n in names):
+            weight = torch.cat([tensors[f"{n}.weight"] for n in names]).to(model_dtype)
+            _write_unquantized_linear(module, weight)
+            consumed |= {f"{n}.weight" for n in names}
     rest = [(k, v) for k, v in tensors.items() if k not in consumed]
     if rest:  # embeddings, norms: the model's own loaders copy them in place
         model.load_weights(iter(rest))
     refresh_cpu_unquantized_gemms(model)
     return written
+
+
+def _checkpoint_names(module_name: str, fused: dict) -> list[str]:
+    """The checkpoint's layers behind one vLLM layer: qkv_proj -> q_proj, k_proj, v_proj; down_proj -> itself."""
+    prefix, _, leaf = module_name.rpartition(".")
+    return [f"{prefix}.{part}" if prefix else part for part in fused.get(leaf, [leaf])]
+
+
+def _is_unquantized_linear(module) -> bool:
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
+    return isinstance(module, LinearBase) and isinstance(getattr(module, "quant_method", None), UnquantizedLinearMethod)
+
+
+@torch.no_grad()
+def _write_unquantized_linear(layer, weight: torch.Tensor) -> None:
+    """A projection kept unquantized inside a W8A8 engine: its CPU GEMM prepacked the weight and dropped it, so the
+    weight is put back and prepacked again."""
+    from vllm.model_executor.layers.utils import dispatch_cpu_unquantized_gemm
+
+    layer.weight = torch.nn.Parameter(weight.contiguous(), requires_grad=False)
+    dispatch_cpu_unquantized_gemm(layer, remove_weight=True)
 
 
 @torch.no_grad()

