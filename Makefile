@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install track real-model verl-env demo demo-real test bench replay contrast mismatch clean
+.PHONY: install track real-model verl-env demo demo-real test gpu-check bench replay contrast mismatch clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -79,6 +79,10 @@ verl-env: $(VERL_VENV)/.installed-$(TARGET)
 # tests/test_verl_plugin.py reruns itself inside $(VERL_VENV); QURL_REQUIRE_VERL: fail, not skip, without it
 test: install track real-model verl-env
 	QURL_REQUIRE_VERL=1 $(BIN)/python -m pytest
+
+# run first on a GPU machine (docs/gsm8k-gpu.md): CUDA, INT8/FP8 parity, 3 real-model steps, rollout speed-ups
+gpu-check: install real-model
+	$(BIN)/python scripts/gpu_check.py
 
 bench: install
 	$(BIN)/python benchmarks/bench_rollout.py

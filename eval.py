@@ -24,8 +24,9 @@ if __name__ == "__main__":  # before torch and vLLM load: they read their log se
     quiet_third_parties(verbose_requested())
 
 from qurl_mini.config import Config, ConfigError, flag, need  # noqa: E402
+from qurl_mini.errors import OneLineError  # noqa: E402
 from qurl_mini.named_models import resolve_model  # noqa: E402
-from qurl_mini.paths import ModelError, PathError, check_model_dir, check_output_file  # noqa: E402
+from qurl_mini.paths import ModelError, check_model_dir, check_output_file  # noqa: E402
 
 TRAIN_FLAGS = {f.name: f for f in fields(Config)}
 CHECKED_AS_IN_TRAIN = ("data", "eval_size", "max_new_tokens", "prompt_format", "max_prompt_tokens", "max_number", "quant",
@@ -142,17 +143,15 @@ def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
 def main(argv=None) -> int:
     try:
         cfg, run_models, sampling_flags = parse_args(argv)
-    except (ConfigError, PathError) as e:
+    except OneLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     setup_logging(cfg.verbose or verbose_requested(argv))  # or QURL_VERBOSE=1
     import logging
 
-    from qurl_mini.data import DataError, load_problems
-    from qurl_mini.engine import ContextError, Platform
+    from qurl_mini.data import load_problems
+    from qurl_mini.engine import Platform
     from qurl_mini.evaluate import evaluate_checkpoint, print_results
-    from qurl_mini.prompts import PromptError
-    from qurl_mini.quant import QuantError
 
     log = logging.getLogger("qurl_mini")
     if cfg.k > 1 and cfg.temperature == 0:
@@ -160,15 +159,15 @@ def main(argv=None) -> int:
                     "(not generated again)", cfg.k, cfg.k)
     elif cfg.k == 1 and sampling_flags:
         log.warning("--k 1: only greedy Avg@1 is computed; --temperature and --top-p apply to --k > 1")
-    platform = Platform.detect()
     try:
+        platform = Platform.detect()
         _, test = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
         results = {}
         for path in dict.fromkeys(cfg.model):
             results[path] = evaluate_checkpoint(path, test, cfg, platform)
             if path in run_models:
                 results[path].update(role=run_models[path][0], train_py_greedy_accuracy=run_models[path][1])
-    except (DataError, ModelError, ContextError, PromptError, QuantError) as e:
+    except OneLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     print_results(results, cfg, len(test), run_models)

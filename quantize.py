@@ -23,7 +23,8 @@ from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_reque
 if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
     quiet_third_parties(verbose_requested())
 
-from qurl_mini.paths import PathError, check_output_dir  # noqa: E402
+from qurl_mini.errors import OneLineError  # noqa: E402
+from qurl_mini.paths import check_output_dir  # noqa: E402
 from qurl_mini.quant import FORMATS  # noqa: E402
 
 
@@ -93,12 +94,12 @@ def main(argv=None) -> int:
     setup_logging(verbose_requested(argv))  # --verbose or QURL_VERBOSE=1
     import torch
 
-    from qurl_mini.actor import ModelError, load_actor
-    from qurl_mini.checkpoint import DiskFullError, tensor_bytes, written_atomically
+    from qurl_mini.actor import load_actor
+    from qurl_mini.checkpoint import tensor_bytes, written_atomically
     from qurl_mini.data import synthetic_splits
     from qurl_mini.named_models import resolve_model
     from qurl_mini.quant import QuantError, check_group, dequantize, describe, quantized_state, save_quantized_checkpoint
-    from qurl_mini.uaq import UAQError, apply_uaq
+    from qurl_mini.uaq import apply_uaq
 
     try:
         check_output_dir(args.out, "--out")
@@ -109,7 +110,7 @@ def main(argv=None) -> int:
         if args.fmt != "none":
             check_group(model, args.fmt, args.group)
         apply_uaq(model, args.uaq_scale)
-    except (ModelError, UAQError, QuantError, PathError) as e:
+    except OneLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     try:
@@ -130,7 +131,7 @@ def main(argv=None) -> int:
                 save_quantized_checkpoint(model, None, folder, args.fmt)
                 what = f"{args.fmt} W8A8 checkpoint (compressed-tensors)"
             tokenizer.save_pretrained(folder)
-    except DiskFullError as e:
+    except OneLineError as e:  # a full disk
         print(f"error: {e}", file=sys.stderr)
         return 2
     print(f"wrote {what} to {args.out}")

@@ -11,10 +11,7 @@ if __name__ == "__main__":  # before torch and vLLM load: they read their log se
     quiet_third_parties(verbose_requested())
 
 from qurl_mini.config import parse_args  # noqa: E402
-
-ONE_LINE_ERRORS = ("ConfigError", "DataError", "ModelError", "UAQError", "TrainingError", "PromptError", "SyncError",
-                   "ContextError", "ResumeError", "EngineError", "QuantError", "PathError", "RunDirError", "DiskFullError", "TrackerError")
-
+from qurl_mini.errors import OneLineError  # noqa: E402
 
 def dry_run_report(cfg) -> str:
     """The resolved flags and the memory plan, without loading anything."""
@@ -83,12 +80,12 @@ def main(argv=None) -> int:
         last, _ = newest_loadable(os.path.join(cfg.out_dir, cfg.run_name))
         print(stopped_message(e, last, __file__, sys.argv[1:] if argv is None else argv), file=sys.stderr)
         return exit_code(e)
-    except Exception as e:  # the project's own errors are one line; anything else keeps its traceback
+    except OneLineError as e:  # the project's own errors are one line
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except Exception as e:  # anything else keeps its traceback
         from qurl_mini.checkpoint import is_disk_full
 
-        if type(e).__name__ in ONE_LINE_ERRORS:
-            print(f"error: {e}", file=sys.stderr)
-            return 2
         if is_disk_full(e):  # any other file of the run (metrics, the engine's start weights, a plot)
             print(f"error: disk full: {one_line(e)}; free some space and run again with --resume", file=sys.stderr)
             return 2

@@ -29,9 +29,11 @@ SHAPES = {
     "embedded": dict(layers=4, hidden=192, heads=6, kv_heads=2, intermediate=None, vocab_size=128),
     "d512x8": dict(layers=8, hidden=512, heads=8, kv_heads=2, intermediate=1536, vocab_size=32768),
     "qwen2.5-0.5b": dict(layers=24, hidden=896, heads=14, kv_heads=2, intermediate=4864, vocab_size=151936),
+    "smollm2-135m": None,  # the real model, by its name (its own weights: `--model smollm2-135m`)
 }
 # engine name -> (--quant, dtype of everything not quantized: INT8 follows the CPU like train.py)
-ENGINES = {"bf16": ("none", "bfloat16"), "fp32": ("none", "float32"), "int8": ("int8", "auto")}
+ENGINES = {"bf16": ("none", "bfloat16"), "fp32": ("none", "float32"), "int8": ("int8", "auto"), "fp8": ("fp8", "auto")}
+CPU_ENGINES = ["bf16", "fp32", "int8"]  # the default on a CPU, where FP8 is emulated (its speed says nothing)
 
 
 def weight_bytes(model, quantized_names: set[str], unquantized_bytes: int) -> int:
@@ -70,13 +72,18 @@ def bench_shape(name, shape, args, platform, tmp):
     from qurl_mini.embedded import build_tiny_model
     from qurl_mini.engine import RolloutEngine
 
-    model_dir = build_tiny_model(os.path.join(tmp, name), seed=0, max_positions=1024, **shape)
+    if shape is None:
+        from qurl_mini.named_models import resolve_model
+
+        model_dir = resolve_model(name, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), ".cache"))
+    else:
+        model_dir = build_tiny_model(os.path.join(tmp, name), seed=0, max_positions=1024, **shape)
     actor, tok = load_actor(model_dir)
     _, problems = synthetic_splits(0, args.prompts, 10, seed=0)
     prompts = [tok.encode(q.prompt) for q in problems]
     max_len = 2 ** (max(map(len, prompts)) + args.tokens + 8).bit_length()
     quantized_names = {f"{n}.weight" for n in quant.quant_target_names(actor)}
-    row = {"shape": name, **shape, "params": sum(p.numel() for p in actor.parameters()),
+    row = {"shape": name, **(shape or {}), "params": sum(p.numel() for p in actor.parameters()),
            "quantized_params": sum(actor.get_parameter(n).numel() for n in quantized_names), "engines": {}}
     engines = {e: RolloutEngine.from_actor(actor, tok, os.path.join(tmp, f"{name}-{e}"), quant_fmt=ENGINES[e][0],
                                            platform=platform, dtype=ENGINES[e][1], seed=0, max_model_len=max_len,
@@ -93,7 +100,7 @@ def bench_shape(name, shape, args, platform, tmp):
         row["engines"][engine_name] = {
             "dtype": engine.dtype, "decode_tokens_per_s": rate, "per_round": rates[engine_name],
             "sync_s": statistics.median(syncs),
-            "weight_bytes": weight_bytes(actor, quantized_names if fmt == "int8" else set(), bytes_per)}
+            "weight_bytes": weight_bytes(actor, quantized_names if fmt in ("int8", "fp8") else set(), bytes_per)}
         print(f"  {name:13s} {engine_name:5s} ({engine.dtype:8s}) {rate:9.0f} tok/s   sync {1000 * row['engines'][engine_name]['sync_s']:7.1f} ms",
               flush=True)
     del engine, engines
@@ -151,8 +158,10 @@ def plot(rows, path, cpu):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
-    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--shapes", nargs="+", default=[s for s in SHAPES if SHAPES[s]], choices=list(SHAPES),
+                   help="random-weight shapes, or smollm2-135m (the real model, by name)")
+    p.add_argument("--engines", nargs="+", default=None, choices=list(ENGINES),
+                   help=f"default: {' '.join(CPU_ENGINES)} (+ fp8 on CUDA)")
     p.add_argument("--prompts", type=int, default=32, help="prompts per batch")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")
     p.add_argument("--tokens", type=int, default=64, help="decoded tokens per sample (exactly)")
@@ -167,6 +176,7 @@ def main() -> None:
 
     setup_logging()
     cpu, platform = describe_cpu(), Platform.detect()
+    args.engines = args.engines or CPU_ENGINES + (["fp8"] if platform.cuda else [])
     print(f"CPU: {cpu}\n{args.prompts} prompts x {args.n} samples x {args.tokens} tokens per batch, "
           f"{args.repeats} rounds, engines in turns", flush=True)
     with tempfile.TemporaryDirectory() as tmp:
@@ -183,7 +193,7 @@ def main() -> None:
     if args.out:
         os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
         with open(args.out + ".json", "w") as f:
-            json.dump({"cpu": cpu, "settings": vars(args), "random_weights": True, "rows": rows}, f, indent=1)
+            json.dump({"cpu": cpu, "settings": vars(args), "random_weights": all(SHAPES[s] for s in args.shapes), "rows": rows}, f, indent=1)
         plot(rows, args.out + ".png", cpu)
         print(f"wrote {args.out}.json and {args.out}.png")
 

@@ -21,16 +21,17 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from .paths import first_line, safetensors_problem
+from .errors import OneLineError
 
 MARKER = "COMPLETE"
 DISK_FULL_ERRNOS = (errno.ENOSPC, errno.EFBIG, errno.EDQUOT)
 
 
-class ResumeError(ValueError):
+class ResumeError(OneLineError, ValueError):
     """--resume finds nothing to resume from; the message is one line."""
 
 
-class DiskFullError(OSError):
+class DiskFullError(OneLineError, OSError):
     """A save ran out of disk space (or over the file-size limit); the message is one line."""
 
 

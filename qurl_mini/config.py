@@ -10,11 +10,12 @@ from .loss import AGGREGATIONS, OBJECTIVES
 from .named_models import NAMED_MODELS
 from .quant import FORMATS
 from .trackers import TRACKERS, not_installed
+from .errors import OneLineError
 
 BASE_DEFAULTS = dict(clip_low=0.2, clip_high=0.2, kl_coef=1e-3, loss_agg="seq-mean-token-mean")
 
 
-class ConfigError(ValueError):
+class ConfigError(OneLineError, ValueError):
     """A bad flag value; the message is one line naming the flag."""
 
 

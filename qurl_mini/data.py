@@ -9,6 +9,7 @@ import os
 import random
 import re
 from dataclasses import dataclass
+from .errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 
@@ -16,7 +17,7 @@ PROMPT_TEMPLATE = "Q: {question}\nA: "
 _NUMBER = re.compile(r"-?\d[\d,]*(?:\.\d+)?")
 
 
-class DataError(ValueError):
+class DataError(OneLineError, ValueError):
     """Bad data: the message is one line that names the file and the row."""
 
 

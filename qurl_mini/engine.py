@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import hardware, quant, vllm_cpu_sync
+from .errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
@@ -27,6 +28,10 @@ class Platform:
 
     @classmethod
     def detect(cls) -> "Platform":
+        """This machine; an EngineError line where a GPU is listed but torch cannot use it (driver, CPU build)."""
+        problem = hardware.cuda_problem()
+        if problem:
+            raise EngineError(problem)
         cuda = torch.cuda.is_available()
         return cls(cuda=cuda, fp8_kernel=cuda and torch.cuda.get_device_capability() >= (8, 9),
                    bf16_math=cuda or hardware.has_bf16_arithmetic(),
@@ -67,7 +72,7 @@ class Platform:
         return engine_format
 
 
-class ContextError(ValueError):
+class ContextError(OneLineError, ValueError):
     """Prompt + response do not fit the model's context; the message is one line."""
 
 
@@ -83,8 +88,20 @@ def context_length(longest_prompt: int, max_new_tokens: int, positions: int | No
     return size if positions is None else min(size, positions)
 
 
-class EngineError(RuntimeError):
+class EngineError(OneLineError, RuntimeError):
     """The rollout engine cannot go on; the message is one line."""
+
+
+def llm_kwargs(model_dir: str, platform: Platform, *, dtype: str, seed: int, max_model_len: int,
+               gpu_memory_utilization: float = 0.3, sleep_mode: bool = False) -> dict:
+    """The keywords of `vllm.LLM(...)` for one engine (sleep mode only where asked and on CUDA)."""
+    kwargs = dict(model=model_dir, dtype=dtype, seed=seed, enforce_eager=True,
+                  max_model_len=max_model_len, logprobs_mode="processed_logprobs",
+                  # its "Loading safetensors checkpoint shards" bar goes with its warnings (progress.py)
+                  use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING))
+    if platform.cuda:
+        kwargs.update(gpu_memory_utilization=gpu_memory_utilization, enable_sleep_mode=sleep_mode)
+    return kwargs
 
 
 @dataclass
@@ -99,7 +116,9 @@ class Rollout:
 class RolloutEngine:
     def __init__(self, model_dir: str, *, engine_format: str, platform: Platform, seed: int,
                  max_model_len: int, dtype: str = "auto", kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3,
-                 quant_group: int | None = None):
+                 quant_group: int | None = None, sleep_mode: bool = False):
+        """sleep_mode: the training engine's (CUDA: weights offloaded during the update). vLLM allows one
+        sleep-mode engine per process (its cumem allocator), so engines for evaluation and checks go without."""
         from vllm import LLM
 
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":  # weight sync passes tensors by reference
@@ -109,13 +128,9 @@ class RolloutEngine:
         self.quant_group = quant.resolve_group(fmt, quant_group) if fmt != "bf16" else 0  # grid of emulated formats
         self.dtype = platform.engine_dtype(dtype)
         platform.check_engine_dtype(engine_format, self.dtype)
-        kwargs = dict(model=model_dir, dtype=self.dtype, seed=seed, enforce_eager=True,
-                      max_model_len=max_model_len, logprobs_mode="processed_logprobs",
-                      # its "Loading safetensors checkpoint shards" bar goes with its warnings (progress.py)
-                      use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING))
-        if platform.cuda:
-            kwargs.update(enable_sleep_mode=True, gpu_memory_utilization=gpu_memory_utilization)
-        else:  # the CPU engine would otherwise reserve almost all RAM for its KV cache
+        kwargs = llm_kwargs(model_dir, platform, dtype=self.dtype, seed=seed, max_model_len=max_model_len,
+                            gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode)
+        if not platform.cuda:  # the CPU engine would otherwise reserve almost all RAM for its KV cache
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         self.llm = LLM(**kwargs)
         self.asleep = False
@@ -226,8 +241,8 @@ class RolloutEngine:
     # -- memory (CUDA only: sleep mode does not exist on CPU) ----------------------------------
 
     def sleep(self) -> None:
-        """Level 1: weights offloaded to CPU RAM, KV cache dropped, during the update (CUDA only)."""
-        if self.platform.cuda and not self.asleep:
+        """Level 1: weights offloaded to CPU RAM, KV cache dropped, during the update (CUDA, sleep_mode only)."""
+        if self.platform.cuda and self.llm.llm_engine.vllm_config.model_config.enable_sleep_mode and not self.asleep:
             self.llm.sleep(level=1)
             self.asleep = True
 

@@ -76,3 +76,50 @@ def describe_cpu() -> str:
     yes = {True: "yes", False: "no"}
     return (f"{cpu_model()}, {os.cpu_count()} cores, {isa()} (int8 dot product: {yes[has_int8_dot_product()]}, "
             f"bf16 arithmetic: {yes[has_bf16_arithmetic()]})")
+
+
+# torch 2.13's CUDA wheels on PyPI (what vllm==0.32.0 pins) are built for CUDA 13.0
+CUDA_DRIVER_NEEDED = "580"
+
+
+def listed_gpus() -> list[str]:
+    """`nvidia-smi -L`'s GPUs (empty without the tool, or where it lists none)."""
+    import shutil
+    import subprocess
+
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line for line in out.stdout.splitlines() if line.startswith("GPU ")] if out.returncode == 0 else []
+
+
+def driver_version() -> str:
+    import subprocess
+
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30)
+        return out.stdout.split()[0] if out.returncode == 0 and out.stdout.split() else "unknown"
+    except (OSError, subprocess.SubprocessError):
+        return "unknown"
+
+
+def cuda_problem() -> str | None:
+    """One line when nvidia-smi lists a GPU that torch cannot use (a driver older than the wheel's CUDA needs, or
+    a CPU build of torch), else None. Without it such a machine would quietly take the CPU path next to a CUDA
+    build of vLLM and fail deep inside vllm.LLM()."""
+    import torch
+
+    gpus = listed_gpus()
+    if not gpus or torch.cuda.is_available():
+        return None
+    built_for = torch.version.cuda
+    if built_for is None:
+        return (f"nvidia-smi lists {len(gpus)} GPU(s) (driver {driver_version()}) but torch {torch.__version__} is a "
+                f"CPU build; install the CUDA environment: docs/install.md (make install on this machine)")
+    return (f"nvidia-smi lists {len(gpus)} GPU(s) but torch {torch.__version__} (built for CUDA {built_for}) cannot "
+            f"use them: NVIDIA driver {driver_version()} is too old for CUDA {built_for}; it needs driver "
+            f">= {CUDA_DRIVER_NEEDED} (docs/install.md)")

@@ -3,13 +3,14 @@ quantize.py, in one place; each problem is one line (ModelError, PathError). Lig
 import glob
 import json
 import os
+from .errors import OneLineError
 
 
-class ModelError(ValueError):
+class ModelError(OneLineError, ValueError):
     """--model cannot be used; the message is one line."""
 
 
-class PathError(ValueError):
+class PathError(OneLineError, ValueError):
     """An output path cannot be used; the message is one line."""
 
 

@@ -8,13 +8,14 @@
 import logging
 
 from .data import Problem
+from .errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 
 GSM8K_INSTRUCTION = "Let's think step by step and output the final answer after \"####\"."
 
 
-class PromptError(ValueError):
+class PromptError(OneLineError, ValueError):
     """The prompt format cannot be used with this tokenizer; the message is one line."""
 
 

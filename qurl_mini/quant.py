@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
+from .errors import OneLineError
 
 EPS = 1e-12  # keeps the scale of an all-zero row finite
 
@@ -44,7 +45,7 @@ FORMATS = {
 QMAX = {name: f.qmax for name, f in FORMATS.items()}
 
 
-class QuantError(ValueError):
+class QuantError(OneLineError, ValueError):
     """A quantization setting that does not fit the model; the message is one line."""
 
 

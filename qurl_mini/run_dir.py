@@ -13,12 +13,13 @@ import shlex
 import signal
 import sys
 import threading
+from .errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 LOCK_FILE = "run.lock"
 
 
-class RunDirError(RuntimeError):
+class RunDirError(OneLineError, RuntimeError):
     """The run folder is in use by another run (or cannot be written); the message is one line."""
 
 

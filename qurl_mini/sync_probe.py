@@ -14,9 +14,10 @@ import math
 from dataclasses import dataclass
 
 import torch
+from .errors import OneLineError
 
 
-class SyncError(RuntimeError):
+class SyncError(OneLineError, RuntimeError):
     """The engine did not take the new weights; the message is one line."""
 
 

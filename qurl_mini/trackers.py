@@ -11,6 +11,7 @@ import json
 import logging
 import math
 import os
+from .errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 
@@ -100,7 +101,7 @@ class WandB:
 TRACKERS = {"tensorboard": TensorBoard, "trackio": Trackio, "wandb": WandB}
 
 
-class TrackerError(RuntimeError):
+class TrackerError(OneLineError, RuntimeError):
     """A tracker cannot start (its package is broken); the message is one line."""
 
 

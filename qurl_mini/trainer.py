@@ -41,11 +41,12 @@ from .sampling import GroupSampler
 from .sync_probe import SyncProbe
 from .trackers import Trackers
 from .uaq import apply_uaq
+from .errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 
 
-class TrainingError(RuntimeError):
+class TrainingError(OneLineError, RuntimeError):
     """The run cannot go on (e.g. too many NaN steps); the message is one line."""
 
 
@@ -170,7 +171,8 @@ class Trainer:
         self.engine, quantized = RolloutEngine.from_actor(
             self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, quant_group=cfg.quant_group,
             platform=self.platform, seed=cfg.seed, max_model_len=max_len, dtype=cfg.engine_dtype,
-            kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization)
+            kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization,
+            sleep_mode=True)  # the one engine of this process that sleeps during the update (CUDA)
         self.monitor = quant.WeightUpdateMonitor()
         if quantized:
             self.monitor.measure(self.actor, quantized)  # the start point of Eq. 13's updates

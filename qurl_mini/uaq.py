@@ -16,6 +16,7 @@ step grows by about s. For Eq. 13, a ratio of squared norms over all quantized w
 predicts a growth of 1 / (f / s^2 + 1 - f), f = `rescaled_share(model)`.
 """
 import torch
+from .errors import OneLineError
 
 # (norm that feeds the projections, the projections it feeds) in a Qwen2/Llama-style layer
 FOLDS = (
@@ -24,7 +25,7 @@ FOLDS = (
 )
 
 
-class UAQError(ValueError):
+class UAQError(OneLineError, ValueError):
     """The model cannot be folded; the message names the layer."""
 
 
