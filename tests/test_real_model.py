@@ -57,6 +57,28 @@ def test_the_named_model_is_the_instruct_model_with_its_chat_template_and_eos_as
     assert os.stat(os.path.join(smol_dir, "model.safetensors")).st_mtime_ns == before
 
 
+# the bytes every run of these models starts from, on any CPU: the GGUF dequantization is elementwise (exact in
+# float32) and the warm start's trained layers ship in qurl_mini/assets/ (summary.json records the same hash)
+WEIGHTS_HASH = {"smollm2-135m": "b57fa76ce205feb7", "smollm2-135m-arith": "98d8fdd03f66ac15"}
+
+
+@pytest.mark.parametrize("name", list(WEIGHTS_HASH))
+def test_the_named_models_are_the_same_bytes_on_every_machine(name):
+    from qurl_mini.named_models import weights_hash
+
+    assert weights_hash(resolve_model(name, CACHE)) == WEIGHTS_HASH[name]
+
+
+def test_a_missing_shipped_warm_start_is_one_line_naming_the_file(smol_dir, monkeypatch, tmp_path):
+    from qurl_mini import named_models
+
+    monkeypatch.setattr(named_models, "ASSETS", str(tmp_path))  # a checkout without the asset
+    (tmp_path / "cache").mkdir()
+    os.symlink(smol_dir, tmp_path / "cache" / os.path.basename(smol_dir))  # the base, already converted
+    with pytest.raises(ModelError, match=r"^--model smollm2-135m-arith: its shipped tensors .* cannot be read"):
+        resolve_model("smollm2-135m-arith", str(tmp_path / "cache"))
+
+
 def test_without_the_package_the_name_is_one_line_with_the_install_command(monkeypatch, tmp_path):
     from qurl_mini import named_models
 
