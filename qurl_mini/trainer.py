@@ -368,7 +368,7 @@ class Trainer:
         this micro-batch's tokens) are weighted by its share of those units, so they too add up."""
         cfg, seq, m = self.cfg, micro.sequences, micro.mask
         with autocast_context(seq.input_ids.device.type):
-            logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
+            logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature, only=m)
             values = self.critic(seq.input_ids, seq.attention_mask) if self.critic is not None else None
         loss, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
                                   objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,

@@ -59,3 +59,32 @@ def test_chunked_logprobs_give_the_same_gradient(big_vocab_model):
     g_plain = torch.autograd.grad((_plain(big_vocab_model, ids, attention, 1.0) * weights).sum(), params)
     for a, b in zip(g_chunked, g_plain):
         assert torch.allclose(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_only_the_response_positions_get_the_lm_head_and_equal_the_full_computation():
+    """`only=`: the lm_head runs on the masked positions alone; there the values (and gradients) equal the full
+    computation's, elsewhere they are 0."""
+    import torch
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from qurl_mini.actor import token_logprobs
+
+    torch.manual_seed(0)
+    model = Qwen2ForCausalLM(Qwen2Config(vocab_size=300, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64))
+    ids = torch.randint(0, 300, (3, 20))
+    attention = torch.ones_like(ids)
+    only = torch.zeros(3, 19)
+    only[:, 12:] = 1
+    only[2, 15:] = 0
+    calls = []
+    head = model.get_output_embeddings()
+    hook = head.register_forward_hook(lambda m, i, o: calls.append(i[0].shape[0]))
+    part = token_logprobs(model, ids, attention, only=only)
+    hook.remove()
+    full = token_logprobs(model, ids, attention)
+    assert calls == [int(only.sum())]  # the head saw the response positions only
+    assert torch.allclose(part[only > 0], full[only > 0], atol=1e-5) and (part[only == 0] == 0).all()
+    g_part = torch.autograd.grad((token_logprobs(model, ids, attention, only=only) * only).sum(), head.weight)[0]
+    g_full = torch.autograd.grad((token_logprobs(model, ids, attention) * only).sum(), head.weight)[0]
+    assert torch.allclose(g_part, g_full, atol=1e-5)
