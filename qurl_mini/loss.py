@@ -94,7 +94,8 @@ def aggregation_units(mask, agg):
 def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, clip_low=0.2,
                 clip_high=0.2, tis_cap=2.0, agg="token-mean", over=None):
     """loss = -aggregate(objective per token) (`over`: the minibatch's units, for a micro-batch of it), and
-    stats about clipping and truncation (the sampler gap over the whole step: `sampler_mismatch`)."""
+    stats about clipping and truncation over these tokens (a minibatch's: `policy_stats`; the sampler gap
+    over the whole step: `sampler_mismatch`)."""
     if objective not in OBJECTIVE_FNS:
         raise ValueError(f"unknown objective {objective!r}; choose from {OBJECTIVES}")
     mask = mask.to(logp.dtype)
@@ -107,6 +108,26 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, cli
     with torch.no_grad():
         stats = surrogate_stats(surrogate, A, rho, mask, plain_high=1 + clip_high, tis_cap=tis_cap)
     return loss, stats
+
+
+@torch.no_grad()
+def policy_stats(logp, prox_logp, behav_logp, advantages, *, objective, clip_low=0.2, clip_high=0.2,
+                 tis_cap=2.0) -> dict:
+    """The clipping and truncation statistics of one minibatch, from its response tokens (1-D tensors: every
+    token of the minibatch at once, so each statistic is what it says: a share, or a max)."""
+    R, R_hat, rho = (torch.exp(logp - prox_logp), torch.exp(logp - behav_logp), torch.exp(prox_logp - behav_logp))
+    surrogate = OBJECTIVE_FNS[objective](R, R_hat, rho, clip_low, clip_high, tis_cap)
+    return surrogate_stats(surrogate, advantages, rho, torch.ones_like(logp), plain_high=1 + clip_high,
+                           tis_cap=tis_cap)
+
+
+# how a step's statistics combine over its minibatches and epochs: a max stays a max, the rest are means
+COMBINE = {"rho_max": max, "skipped_updates": sum}
+
+
+def combine_stats(per_minibatch: list[dict]) -> dict:
+    keys = dict.fromkeys(k for stats in per_minibatch for k in stats)
+    return {k: COMBINE.get(k, lambda xs: sum(xs) / len(xs))([s[k] for s in per_minibatch if k in s]) for k in keys}
 
 
 def surrogate_stats(surrogate: ClippedSurrogate, A, rho, mask, *, plain_high, tis_cap) -> dict:

@@ -30,7 +30,8 @@ from .embedded import warm_start
 from .engine import Platform, RolloutEngine, context_length
 from .evaluate import greedy_accuracy
 from .hardware import describe_cpu
-from .loss import aggregation_units, kl_k3, masked_mean, policy_loss, sampler_mismatch, value_loss
+from .loss import (aggregation_units, combine_stats, kl_k3, masked_mean, policy_loss, policy_stats, sampler_mismatch,
+                   value_loss)
 from .metrics import MetricsLog, plot_metrics
 from .named_models import is_named, resolve_model, weights_hash
 from .paths import check_model_dir, check_output_dir
@@ -312,44 +313,47 @@ class Trainer:
     # -- the update -------------------------------------------------------------------------------
 
     def update(self, experience: Experience) -> dict:
-        """Minibatch optimizer steps; a NaN/inf loss or gradient skips the step and is counted."""
+        """Minibatch optimizer steps; a NaN/inf loss or gradient skips the step and is counted. The statistics
+        of the minibatches combine by their own rule (`loss.COMBINE`: a max stays a max)."""
         cfg = self.cfg
-        sums, count, skipped = {}, 0, 0
+        per_minibatch, skipped = [], 0
         for _ in range(cfg.ppo_epochs):
             order = torch.randperm(len(experience))
             for rows in order.chunk(cfg.minibatches):
                 stats = self._minibatch_step(experience[rows])
                 if stats is None:
                     skipped += 1
-                    continue
-                count += 1
-                for k, v in stats.items():
-                    sums[k] = sums.get(k, 0.0) + v
+                else:
+                    per_minibatch.append(stats)
         self.bad_steps = self.bad_steps + 1 if skipped else 0
         if self.bad_steps >= cfg.max_bad_steps:
             raise TrainingError(f"{self.bad_steps} steps in a row had a NaN/inf loss or gradient "
                                 f"(--max-bad-steps {cfg.max_bad_steps}); stopping. Lower --lr or check the data.")
-        return {**{k: v / max(count, 1) for k, v in sums.items()}, "skipped_updates": skipped,
+        return {**(combine_stats(per_minibatch) if per_minibatch else {}), "skipped_updates": skipped,
                 "lr": self.schedulers["actor"].get_last_lr()[0]}
 
     def _minibatch_step(self, minibatch: Experience) -> dict | None:
         """One optimizer step, gradients accumulated over micro-batches (--micro-batch-size rows or
         --max-tokens-per-micro-batch tokens). Each micro-batch's loss divides by the whole minibatch's
-        count (`over`), so the micro-batch losses add up to the minibatch's (tests/test_micro_batches.py)."""
+        count (`over`), so the micro-batch losses add up to the minibatch's (tests/test_micro_batches.py);
+        the policy statistics are computed once, on all of the minibatch's response tokens."""
         cfg = self.cfg
         over = {"policy": aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1),  # G rows, or tokens
                 "tokens": minibatch.mask.sum().clamp(min=1)}  # KL and value loss are token means
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
-        sums = {}
+        sums, tokens = {}, []
         for micro in minibatch.micro_batches(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
-            loss, stats = self._micro_loss(micro.to(device_of(self.actor)), over)
+            loss, parts, logp = self._micro_loss(micro.to(device_of(self.actor)), over)
             if not torch.isfinite(loss):
                 log.warning("non-finite loss (%s); skipping this update", loss.item())
                 return None
             loss.backward()
-            for k, v in stats.items():
+            for k, v in parts.items():  # each part is divided by the minibatch's count: they add up
                 sums[k] = sums.get(k, 0.0) + v
+            present = micro.mask > 0
+            tokens.append([t.detach().cpu()[present.cpu()] for t in
+                           (logp, micro.prox_logp, micro.behav_logp, micro.advantages)])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
         if self.critic is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
@@ -359,33 +363,32 @@ class Trainer:
         for name, opt in self.optimizers.items():
             opt.step()
             self.schedulers[name].step()
-        sums["grad_norm"] = grad_norm.item()
-        return sums
+        stats = policy_stats(*(torch.cat(column) for column in zip(*tokens)), objective=cfg.objective,
+                             clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap)
+        return {**stats, **sums, "grad_norm": grad_norm.item()}
 
     def _micro_loss(self, micro: Experience, over: dict):
         """One micro-batch's part of the minibatch loss: the policy objective (+ k3 KL to the reference,
-        + PPO's value loss), each divided by the minibatch's units in `over`. The policy's stats (shares of
-        this micro-batch's tokens) are weighted by its share of those units, so they too add up."""
+        + PPO's value loss), each divided by the minibatch's units in `over`; the parts' values; its log-probs."""
         cfg, seq, m = self.cfg, micro.sequences, micro.mask
         with autocast_context(seq.input_ids.device.type):
             logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature, only=m)
             values = self.critic(seq.input_ids, seq.attention_mask) if self.critic is not None else None
-        loss, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
-                                  objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                                  tis_cap=cfg.tis_cap, agg=cfg.loss_agg, over=over["policy"])
-        share = (aggregation_units(m, cfg.loss_agg) / over["policy"]).item()
-        stats = {**{k: v * share for k, v in stats.items()}, "policy_loss": loss.item()}
+        loss, _ = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
+                              objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
+                              tis_cap=cfg.tis_cap, agg=cfg.loss_agg, over=over["policy"])
+        parts = {"policy_loss": loss.item()}
         if self.reference is not None:
             # padding: pi_ref := pi_theta, so the k3 term is exactly 0 there (ref_logp may be 0 there,
             # and exp(0 - logp) can overflow to inf, which the mask's 0 would turn into NaN)
             kl = masked_mean(kl_k3(logp, torch.where(m > 0, micro.ref_logp, logp.detach())), m, over=over["tokens"])
             loss = loss + cfg.kl_coef * kl
-            stats["kl_ref"] = kl.item()
+            parts["kl_ref"] = kl.item()
         if values is not None:
             v_loss = value_loss(values, micro.old_values, micro.returns, m, cfg.value_clip, over=over["tokens"])
             loss = loss + v_loss
-            stats["value_loss"] = v_loss.item()
-        return loss, stats
+            parts["value_loss"] = v_loss.item()
+        return loss, parts, logp
 
     def save(self, step: int) -> str:
         return checkpoint.save_checkpoint(

@@ -136,3 +136,17 @@ def test_dapo_drops_an_all_wrong_group_whose_lengths_differ():
     assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 1, "batch_prompts": 1}
     assert kept.correct[0].tolist() == [1, 0, 1, 0]
     assert kept.rewards[0].tolist() == pytest.approx([0.5, -0.5, 0.5, -0.5])  # advantages see the shaped reward
+
+
+def test_a_steps_rho_max_is_the_largest_rho_of_its_tokens_not_a_mean_of_minibatch_maxima():
+    """Three minibatches (of 2 rows) x 2 epochs; one token's rho is 7 and all others are 1.25: the step's rho_max
+    is 7 (a mean of the minibatch maxima would be (7 + 1.25 + 1.25) / 3 = 3.17)."""
+    import math
+
+    trainer = _bare_trainer("acr")
+    trainer.cfg.minibatches, trainer.cfg.ppo_epochs = 3, 2
+    experience = _experience(trainer.actor, math.log(1.25))
+    first = experience.mask[0].nonzero()[0].item()
+    experience.behav_logp[0, first] = experience.prox_logp[0, first] - math.log(7.0)
+    stats = trainer.update(experience)
+    assert stats["rho_max"] == pytest.approx(7.0, rel=1e-5)
