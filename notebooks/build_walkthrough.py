@@ -172,7 +172,9 @@ per equation):
 | `tis` | Eq. 5 (FlashRL) | min(rho, C) | R | 1 + eps |
 | `acr` | Eq. 9 (QuRL) | min(rho, C) | R | (1 + eps) / r, with r = 1 / max(1, rho / C) |
 
-Before the first optimizer step pi_theta = pi_prox, so R = 1 and nothing is clipped. The trainer takes
+Before the first optimizer step pi_theta = pi_prox, so R = 1 and the objectives that clip on R clip nothing;
+naive clips on R_hat = pi_theta / pi_behav, which is rho there, so a token whose rho is already above 1 + eps is
+clipped from the start (INT8's rho reaches past 1.2 on these tokens). The trainer takes
 several minibatch steps per rollout batch, and from the second on pi_theta has moved. Here we take four
 AdamW steps on the ACR objective (lr 1e-3, ten times the demo's, so that more tokens reach the bounds),
 then score the same tokens under each objective. A token is clipped when the min takes the clipped
@@ -213,14 +215,18 @@ pd.DataFrame(table).T.drop(columns="tokens")
     ("md", r"""
 `ppo`, `decoupled`, `tis` and `acr` share the ratio R and, while rho stays under C, the same bounds, so
 they clip the same tokens. Their values differ by the weight: 1, rho or min(rho, C). `naive` clips on
-R_hat = R / rho instead, a ratio that also carries the sampler's rounding. At INT8, rho stays close to 1
+R_hat = pi_theta / pi_behav = (pi_theta / pi_prox)(pi_prox / pi_behav) = R * rho instead, a ratio that also
+carries the sampler's rounding. At INT8, rho stays close to 1
 (its range is printed above), so here naive clips the same tokens or nearly so (the last column).
 
 ## 5. ACR's widened bound against rho: `loss.objective_acr`
 
 Where the sampler made a token much less likely than the actor does (rho > C), TIS truncates the
-weight at C: by Eq. 6-7 that scales the token's term (against Eq. 4) by r = 1 / max(1, rho / C) < 1. ACR (Eq. 9) keeps
-TIS's weight but raises the upper clip bound to (1 + eps) / r, which grows in proportion to rho / C. So
+weight at C: by Eq. 6-7 that scales the token's term (against Eq. 4) by r = 1 / max(1, rho / C) < 1. Eq. 8 is
+where that bites: the truncated term is min(rho, C) R A = rho (r R) A, Eq. 4's term with r R in place of R.
+TIS still clips R at 1 + eps, which clips r R at r (1 + eps): where r < 1 the clip range shrinks by r. ACR
+(Eq. 9) keeps TIS's weight and clips R at (1 + eps) / r instead, so r R is clipped at 1 + eps again; that
+bound grows in proportion to rho / C. So
 tokens with A > 0 that TIS would clip keep their gradient. Where rho <= C, r = 1 and ACR is TIS. Below
 are both upper bounds against rho, and the rho of every response token sampled above.
 """),

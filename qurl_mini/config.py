@@ -53,7 +53,8 @@ class Config:
                 "instruction to answer after '####'; auto = chat when the tokenizer has a template")
     max_prompt_tokens: Optional[int] = flag(None, "drop (and count) problems whose prompt is longer; also sizes the "
                                                 "engine (default: the longest prompt)")
-    uaq_scale: float = flag(1.0, "UAQ invariant scale s (Eq. 11); 1.0 = off, 1.5 recommended with --quant")
+    uaq_scale: float = flag(1.0, "UAQ invariant scale s (Eq. 11); 1.0 = off. The paper uses 1.5 at lr 1e-6 (DAPO) "
+                                    "and turns it off at lr 1e-5, where the updates already move the INT8 codes")
     # rollout
     steps: int = flag(40, "RL steps (one rollout batch + its updates each)")
     prompts_per_step: int = flag(32, "prompts per rollout batch")

@@ -55,7 +55,13 @@ def objective_tis(R, R_hat, rho, eps_low, eps_high, C):
 
 
 def objective_acr(R, R_hat, rho, eps_low, eps_high, C):
-    """Eq. 9 (QuRL ACR): TIS whose upper clip bound grows to (1+eps)/r where pi_behav was truncated."""
+    """Eq. 9 (QuRL ACR): TIS whose upper clip bound grows to (1+eps)/r where pi_behav was truncated.
+
+    Eq. 6-8: truncating the weight at C is the same as replacing pi_behav by max(pi_behav, pi_prox / C), i.e.
+    weighting the decoupled term (Eq. 4) by r = pi_behav / max(pi_behav, pi_prox / C) <= 1: the token's term is
+    rho * (r R) * A. Seen on the ratio that carries the update, r R, TIS's clip of R at 1 + eps is a clip of r R
+    at r (1 + eps): r scales the clip range down where the sampler was most off (Eq. 8). ACR keeps the upper
+    bound where it should be: clipping R at (1 + eps) / r clips r R at 1 + eps again."""
     r = 1.0 / torch.clamp(rho / C, min=1.0)  # r = pi_behav / max(pi_behav, pi_prox / C)   (Eq. 6-7)
     return ClippedSurrogate(weight=torch.clamp(rho, max=C), ratio=R, low=1 - eps_low, high=(1 + eps_high) / r)
 

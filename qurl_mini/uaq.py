@@ -3,8 +3,9 @@
     W X = (W / s) (s X)                                            (Eq. 11)
 
 The factor s on the activations is folded into the RMSNorm that feeds the projections, so the
-network computes exactly the same function. Only projections right after an RMSNorm can take it
-(the paper's Fig. 5): q/k/v after input_layernorm, gate/up after post_attention_layernorm.
+network computes exactly the same function. Only projections right after an RMSNorm can take it: q/k/v after
+input_layernorm (the paper's Fig. 5, whose caption names Q/K/V only) and, by the same argument, gate/up after
+post_attention_layernorm (this project's extension).
 o_proj and down_proj have no norm in front of them and are not rescaled (`FOLDS`).
 
 What changes is the quantization picture. The rescaled weights shrink by s, and with them their
