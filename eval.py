@@ -26,7 +26,7 @@ if __name__ == "__main__":  # before torch and vLLM load: they read their log se
 from qurl_mini.config import Config, ConfigError, flag, need  # noqa: E402
 from qurl_mini.errors import OneLineError  # noqa: E402
 from qurl_mini.named_models import resolve_model  # noqa: E402
-from qurl_mini.paths import ModelError, check_model_dir, check_output_file  # noqa: E402
+from qurl_mini.paths import ModelError, check_model_dir, check_output_file, check_outputs_apart  # noqa: E402
 
 TRAIN_FLAGS = {f.name: f for f in fields(Config)}
 CHECKED_AS_IN_TRAIN = ("data", "eval_size", "max_new_tokens", "prompt_format", "max_prompt_tokens", "max_number", "quant",
@@ -137,6 +137,7 @@ def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
             check_model_dir(model)
         except ModelError as e:
             raise ConfigError(f"{e}{f' (named in --run {run}/summary.json)' if model in run_models else ''}") from None
+    check_outputs_apart({"--out": cfg.out}, {f"--model[{i}]": m for i, m in enumerate(cfg.model)})
     return cfg, run_models, any(getattr(cfg, n) != parser.get_default(n) for n in ("temperature", "top_p"))
 
 

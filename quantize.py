@@ -24,7 +24,7 @@ if __name__ == "__main__":  # before torch and vLLM load: they read their log se
     quiet_third_parties(verbose_requested())
 
 from qurl_mini.errors import OneLineError  # noqa: E402
-from qurl_mini.paths import check_output_dir  # noqa: E402
+from qurl_mini.paths import check_output_dir, check_outputs_apart  # noqa: E402
 from qurl_mini.quant import FORMATS  # noqa: E402
 
 
@@ -104,6 +104,7 @@ def main(argv=None) -> int:
     try:
         check_output_dir(args.out, "--out")
         args.model = resolve_model(args.model, ".cache")
+        check_outputs_apart({"--out": args.out}, {"--model": args.model})
         if args.group is not None and args.fmt == "none":
             raise QuantError("--group needs a quantized --fmt (int6 .. int2)")
         model, tokenizer = load_actor(args.model, dtype="auto" if args.fmt == "none" else torch.float32)

@@ -240,8 +240,9 @@ def main(argv=None) -> int:
 
     import tempfile
 
+    from qurl_mini import quant
     from qurl_mini.actor import load_actor
-    from qurl_mini.engine import Platform
+    from qurl_mini.engine import Platform, RolloutEngine
     from qurl_mini.evaluate import free_engine
     from qurl_mini.hardware import describe_cpu
     from qurl_mini.named_models import resolve_model
@@ -256,19 +257,27 @@ def main(argv=None) -> int:
     prompts = gsm8k_prompts(tokenizer, args.data, args.prompts)
     print(f"{args.model} on {cpu}: {len(prompts)} GSM8K prompts x up to {args.max_new_tokens} tokens, T = 1", flush=True)
     result = {"model": args.model, "cpu": cpu, "commit": commit(), "settings": vars(args), "rows": {}}
-    kept_engines, int8_tokens = {}, None
+    int8_tokens = None
     with tempfile.TemporaryDirectory() as tmp:
         for name in args.rows:
             stats, engine, tokens = measure_row(name, actor, tokenizer, prompts, args, platform, tmp)
             result["rows"][name] = stats
             if name == "int8":
                 int8_tokens = tokens
-            if name in SPEED_ROWS and args.speed_rounds:
-                kept_engines[name] = engine
-            else:
-                free_engine(engine)
-        if args.speed_rounds and "bf16" in kept_engines:
-            result["speed"] = side_by_side(kept_engines, prompts[:16], tokens=128, rounds=args.speed_rounds)
+            free_engine(engine)
+        speed_rows = [r for r in SPEED_ROWS if r in args.rows]
+        if args.speed_rounds and "bf16" in speed_rows:  # started together, none freed until the end (vLLM's
+            engines = {}  # shutdown tears down state the others share)
+            for name in speed_rows:
+                fmt, group, keep = ROWS[name]
+                quant.keep_unquantized(actor, keep)
+                engines[name], _ = RolloutEngine.from_actor(
+                    actor, tokenizer, os.path.join(tmp, "speed-" + name.replace(" ", "_")), quant_fmt=fmt,
+                    quant_group=group, platform=platform, seed=args.seed, max_model_len=512, dtype=args.engine_dtype)
+            quant.keep_unquantized(actor, None)
+            result["speed"] = side_by_side(engines, prompts[:16], tokens=128, rounds=args.speed_rounds)
+            print("  decode tokens/s: " + ", ".join(f"{n} {v['tokens_per_s']:.0f} ({v['vs_bf16']:.2f}x)"
+                                                   for n, v in result["speed"]["rows"].items()), flush=True)
     if int8_tokens is not None:
         layers = [0, 1] if args.smoke else list(range(actor.config.num_hidden_layers))
         result["per_layer"] = per_layer_int8(actor, *int8_tokens, layers=layers)

@@ -67,6 +67,24 @@ def safetensors_problem(path: str) -> str | None:
         return first_line(e)
 
 
+def check_outputs_apart(outputs: dict, inputs: dict) -> None:
+    """No output is, contains or sits inside an input ({flag: path}; None and hub ids skipped): a command never
+    writes over what it reads (quantize.py --out = --model would replace the model with its own INT8 copy).
+    Checked before anything is written."""
+    def real(path):
+        return os.path.realpath(os.path.expanduser(path))
+
+    for out_flag, out in outputs.items():
+        for in_flag, source in inputs.items():
+            if not out or not source or not os.path.exists(source):
+                continue
+            o, i = real(out), real(source)
+            if o == i or i.startswith(o + os.sep) or o.startswith(i + os.sep):
+                how = "is" if o == i else "contains" if i.startswith(o + os.sep) else "is inside"
+                raise PathError(f"{out_flag} {out} {how} {in_flag} {source}: the command would write over its own "
+                                "input; choose another output")
+
+
 def check_output_dir(path: str, flag: str) -> None:
     """A folder that is or can be made here: not a file, nor under one, and writable."""
     _check_writable(path, flag, path)

@@ -34,7 +34,7 @@ from .loss import (aggregation_units, combine_stats, kl_k3, masked_mean, policy_
                    value_loss)
 from .metrics import MetricsLog, plot_metrics
 from .named_models import is_named, resolve_model, weights_hash
-from .paths import check_model_dir, check_output_dir
+from .paths import check_model_dir, check_output_dir, check_outputs_apart, looks_like_path
 from .progress import progress_bar
 from .prompts import PromptBuilder
 from .run_dir import RunLock, stop_point
@@ -72,6 +72,9 @@ class Trainer:
             check_output_dir(cfg.cache_dir, "--cache-dir")
         else:
             check_model_dir(cfg.model)
+        check_outputs_apart({"--out-dir/--run-name": self.run_dir},
+                            {"--model": cfg.model if cfg.model and looks_like_path(cfg.model) else None,
+                             "--data": cfg.data, "--test-data": cfg.test_data})
         self.lock = RunLock(self.run_dir)  # before anything is written there; a second run stops here
         self.trackers = None
         try:

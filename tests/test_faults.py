@@ -336,3 +336,20 @@ def test_two_runs_starting_together_build_the_warm_start_once(tmp_path):
     assert os.path.isfile(os.path.join(model_dir, "model.safetensors"))
     assert not [p.name for p in cache.iterdir() if p.name.endswith(".tmp")]
     assert not [p.name for p in cache.iterdir() if ".tmp" in p.name]  # written_atomically's .tmp<pid> too
+
+
+def _folder_bytes(folder) -> dict:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir()) if p.is_file()}
+
+
+@pytest.mark.parametrize("script", SCRIPTS)
+def test_no_script_writes_over_its_own_input_model(script, tiny, data_file, tmp_path, capfd):
+    """--out (or the run folder) that is, or sits inside, the model folder: one line, exit 2, the model's bytes
+    untouched (quantize.py --out = --model used to replace the float32 model with its INT8 checkpoint)."""
+    model = tmp_path / "runs" / "r" / "final"
+    shutil.copytree(tiny, model)
+    before = _folder_bytes(model)
+    out = {"train.py": tmp_path / "runs", "eval.py": model / "results.json", "quantize.py": model}[script]
+    code, line = run_script(script, str(model), out, data_file, capfd)
+    assert code == 2 and "the command would write over its own input; choose another output" in line, line
+    assert _folder_bytes(model) == before and sorted(os.listdir(model)) == sorted(before)
