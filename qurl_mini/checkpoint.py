@@ -165,9 +165,25 @@ def find_resume(resume: str | None, run_dir: str) -> str | None:
     return found
 
 
+# what a checkpoint must hold to be resumed from ("complete"), besides the COMPLETE marker
+REQUIRED_FILES = ("trainer_state.json", "optimizer.pt", "rng.safetensors", os.path.join("actor", "config.json"))
+
+
 def damage(ckpt: str) -> str | None:
-    """Why a complete checkpoint cannot be loaded (a truncated or unreadable file), or None. Reads only
-    headers: safetensors headers, the JSON files, the optimizer state memory-mapped."""
+    """Why a checkpoint with its marker cannot be loaded (a file missing: copied in half; a truncated or unreadable
+    file), or None. Reads only headers: safetensors headers, the JSON files, the optimizer state memory-mapped."""
+    for name in REQUIRED_FILES:
+        if not os.path.isfile(os.path.join(ckpt, name)):
+            return f"{name} is missing (copied in half?)"
+    if not glob.glob(os.path.join(ckpt, "actor", "*.safetensors")):
+        return "actor/ has no weights (copied in half?)"
+    try:
+        with open(os.path.join(ckpt, "trainer_state.json")) as f:
+            algo = json.load(f).get("config", {}).get("algo")
+    except (OSError, ValueError) as e:
+        return f"trainer_state.json: {first_line(e)}"
+    if algo == "ppo" and not os.path.isfile(os.path.join(ckpt, "critic.safetensors")):
+        return "critic.safetensors is missing (copied in half?)"
     for path in sorted(glob.glob(os.path.join(ckpt, "**", "*.safetensors"), recursive=True)):
         problem = safetensors_problem(path)
         if problem:
@@ -183,6 +199,31 @@ def damage(ckpt: str) -> str | None:
     except Exception as e:  # missing, truncated (no zip central directory) or not a torch file
         return f"optimizer.pt: {first_line(e)}"
     return None
+
+
+IDENTITY = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+
+
+def check_resumable(ckpt: str, algo: str, base_model: str) -> None:
+    """One ResumeError line where the checkpoint belongs to another kind of run: another --algo (its critic and
+    optimizer state differ), or another model than this run's base (another vocabulary or shape)."""
+    state = load_trainer_state(ckpt)
+    saved_algo = state.get("config", {}).get("algo")
+    if saved_algo and saved_algo != algo:
+        raise ResumeError(f"--resume {ckpt}: a --algo {saved_algo} run's checkpoint, and this run is --algo {algo}; "
+                          f"resume with --algo {saved_algo} or start a new run")
+    base_config = os.path.join(base_model, "config.json")
+    if not os.path.isfile(base_config):
+        return  # a hub id: nothing local to compare with
+    with open(os.path.join(ckpt, "actor", "config.json")) as f:
+        saved = json.load(f)
+    with open(base_config) as f:
+        base = json.load(f)
+    differ = [k for k in IDENTITY if saved.get(k) != base.get(k)]
+    if differ:
+        raise ResumeError(f"--resume {ckpt}: its model ({', '.join(f'{k} {saved.get(k)}' for k in differ)}) is not "
+                          f"this run's {base_model} ({', '.join(f'{k} {base.get(k)}' for k in differ)}); give the "
+                          f"--model that run used")
 
 
 def load_trainer_state(ckpt: str) -> dict:

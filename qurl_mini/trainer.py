@@ -103,6 +103,8 @@ class Trainer:
         resume_from = checkpoint.find_resume(cfg.resume, self.run_dir)
         state = checkpoint.load_trainer_state(resume_from) if resume_from else {}
         self._set_up_data()  # first: the embedded warm start (the base model) is trained on the data
+        if resume_from:
+            checkpoint.check_resumable(resume_from, cfg.algo, self.base_model)
         self._set_up_models(resume_from)  # resume state before the actor: a resumed actor is its checkpoint's
         self._set_up_prompts()  # after the actor: prompts are fitted with its tokenizer
         self._set_up_optimizers(resume_from, state)  # after the models are placed: they hold their parameters

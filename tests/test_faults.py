@@ -5,6 +5,7 @@ folder is refused while A lives; SIGINT stops A; its newest checkpoint and its l
 the resume command A printed finishes the run; a resume of a copy under a file-size limit hits a "full disk".
 """
 import contextlib
+import glob
 import io
 import json
 import os
@@ -353,3 +354,31 @@ def test_no_script_writes_over_its_own_input_model(script, tiny, data_file, tmp_
     code, line = run_script(script, str(model), out, data_file, capfd)
     assert code == 2 and "the command would write over its own input; choose another output" in line, line
     assert _folder_bytes(model) == before and sorted(os.listdir(model)) == sorted(before)
+
+
+def test_a_checkpoint_copied_in_half_is_skipped_for_the_newest_complete_one(resumed, tmp_path):
+    copy = tmp_path / "r"
+    shutil.copytree(resumed.run_dir, copy)
+    older, newest = checkpoint.complete_checkpoints(str(copy))[-2:]
+    for weights in glob.glob(os.path.join(newest, "actor", "*.safetensors")):
+        os.remove(weights)  # the marker and every other file are there
+    found, skipped = checkpoint.newest_loadable(str(copy))
+    assert found == older and skipped == [(newest, "actor/ has no weights (copied in half?)")]
+    os.remove(os.path.join(older, "rng.safetensors"))
+    found, skipped = checkpoint.newest_loadable(str(copy))
+    assert skipped[-1] == (older, "rng.safetensors is missing (copied in half?)")
+
+
+def test_resume_as_another_algo_or_from_another_models_run_is_one_line(resumed, tiny, data_file, tmp_path, capfd):
+    copy = tmp_path / "r"
+    shutil.copytree(resumed.run_dir, copy)
+    flags = tiny_flags(tiny, data_file, tmp_path, "--steps", "12", "--resume")
+    assert train.main([*flags, "--algo", "ppo"]) == 2
+    line = last_line(capfd.readouterr().err)
+    assert line.startswith("error: --resume ") and line.endswith(
+        "a --algo grpo run's checkpoint, and this run is --algo ppo; resume with --algo grpo or start a new run"), line
+    other = build_tiny_model(str(tmp_path / "other"), layers=1, hidden=128, heads=2, kv_heads=1)
+    flags = tiny_flags(other, data_file, tmp_path, "--steps", "12", "--resume")
+    assert train.main(flags) == 2
+    line = last_line(capfd.readouterr().err)
+    assert line.startswith("error: --resume ") and "(hidden_size 64) is not this run's" in line, line
