@@ -19,6 +19,11 @@ def load_actor(model: str, dtype=torch.float32):
         config = AutoConfig.from_pretrained(model)
     except (OSError, ValueError) as e:
         raise ModelError(f"--model {model}: not a model folder or hub id ({str(e).splitlines()[0]})") from None
+    quantized = (getattr(config, "quantization_config", None) or {})
+    quant_method = quantized.get("quant_method") if isinstance(quantized, dict) else getattr(quantized, "quant_method", None)
+    if quant_method == "compressed-tensors":
+        raise ModelError(f"--model {model}: a compressed-tensors checkpoint (quantize.py's W8A8 output) holds int8/fp8 "
+                         "codes for vLLM, not weights to train or score; give the model it was made from")
     from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
     causal_classes = set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES.values())

@@ -28,11 +28,12 @@ def scalars(row: dict) -> dict:
 class TensorBoard:
     """Event files in runs/<name>/tensorboard: `tensorboard --logdir runs` shows every run side by side."""
     package = "tensorboard"
+    folder = "tensorboard"  # in the run folder
 
     def __init__(self, run_dir: str, run_name: str, config: dict, resume: bool):
         from torch.utils.tensorboard import SummaryWriter
 
-        self.writer = SummaryWriter(os.path.join(run_dir, "tensorboard"))
+        self.writer = SummaryWriter(os.path.join(run_dir, self.folder))
         self.writer.add_text("config", "```\n" + json.dumps(config, indent=1) + "\n```")
         self.watch = f"tensorboard --logdir {os.path.dirname(os.path.normpath(run_dir)) or '.'}"
 
@@ -79,6 +80,7 @@ class Trackio:
 class WandB:
     """Offline unless WANDB_MODE=online: the run in runs/<name>/wandb, uploaded later by `wandb sync`."""
     package = "wandb"
+    folder = "wandb"
 
     def __init__(self, run_dir: str, run_name: str, config: dict, resume: bool):
         import wandb
@@ -120,6 +122,11 @@ class Trackers:
     def __init__(self, names, run_dir: str, run_name: str, config: dict, resume: bool = False):
         self.trackers = {}
         for name in dict.fromkeys(n for n in names if n != "none"):
+            folder = getattr(TRACKERS[name], "folder", None)
+            if folder and os.path.exists(os.path.join(run_dir, folder)) and not os.path.isdir(os.path.join(run_dir, folder)):
+                self.close()
+                raise TrackerError(f"--report-to {name}: {os.path.join(run_dir, folder)} is a file, where the tracker "
+                                   "writes its folder; move it away")
             try:
                 self.trackers[name] = TRACKERS[name](run_dir, run_name, config, resume)
             except BaseException as e:  # the ones already started are closed

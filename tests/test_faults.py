@@ -382,3 +382,22 @@ def test_resume_as_another_algo_or_from_another_models_run_is_one_line(resumed, 
     assert train.main(flags) == 2
     line = last_line(capfd.readouterr().err)
     assert line.startswith("error: --resume ") and "(hidden_size 64) is not this run's" in line, line
+
+
+@pytest.mark.parametrize("script", ["train.py", "eval.py"])
+def test_a_quantized_checkpoint_as_model_is_one_line(script, tiny, data_file, tmp_path, capfd):
+    int8 = tmp_path / "int8"
+    assert quantize.main(["--model", tiny, "--fmt", "int8", "--out", str(int8)]) == 0
+    capfd.readouterr()
+    (tmp_path / "out").mkdir()
+    code, line = run_script(script, str(int8), tmp_path / "out" / "o", data_file, capfd)
+    assert code == 2 and "a compressed-tensors checkpoint (quantize.py's W8A8 output)" in line, line
+
+
+def test_a_trackers_folder_taken_by_a_file_is_one_line(tiny, data_file, tmp_path, capfd):
+    (tmp_path / "r").mkdir()
+    (tmp_path / "r" / "tensorboard").write_text("not a folder")
+    code = train.main(tiny_flags(tiny, data_file, tmp_path, "--steps", "1", "--report-to", "tensorboard"))
+    line = last_line(capfd.readouterr().err)
+    assert code == 2 and line.endswith("tensorboard is a file, where the tracker writes its folder; move it away"), line
+    assert (tmp_path / "r" / "tensorboard").read_text() == "not a folder"
