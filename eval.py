@@ -13,7 +13,6 @@ of Chen et al. (2021) from those K samples, i.e. the share of problems with any 
 """
 import json
 import math
-import os
 import sys
 from dataclasses import dataclass, field, fields
 from typing import Optional
@@ -25,14 +24,13 @@ if __name__ == "__main__":  # before torch and vLLM load: they read their log se
 
 from qurl_mini.config import Config, ConfigError, flag, need  # noqa: E402
 from qurl_mini.errors import OneLineError  # noqa: E402
+from qurl_mini.evaluate import read_run  # noqa: E402
 from qurl_mini.named_models import resolve_model  # noqa: E402
 from qurl_mini.paths import ModelError, check_model_dir, check_output_file, check_outputs_apart  # noqa: E402
 
 TRAIN_FLAGS = {f.name: f for f in fields(Config)}
 CHECKED_AS_IN_TRAIN = ("data", "eval_size", "max_new_tokens", "prompt_format", "max_prompt_tokens", "max_number", "quant",
                        "quant_group", "engine_dtype", "kv_cache_gib", "gpu_memory_utilization")
-RUN_PROBLEMS = ("data", "test_data", "seed", "max_number", "max_new_tokens", "eval_size")  # the run's held-out set
-RUN_SETTINGS = ("temperature", "engine_dtype", "prompt_format", "max_prompt_tokens")
 
 
 def _as_in_train(name: str, **override):
@@ -80,38 +78,6 @@ class EvalConfig:
         need(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
         if self.out:
             check_output_file(self.out, "--out")
-
-
-def read_run(run: str) -> tuple[dict, dict]:
-    """A train.py run's summary.json: (its settings as flag values: its held-out problems, temperature, engine dtype
-    and prompts; {model path as seen from here: (role, train.py's HF greedy accuracy)} of its start and final)."""
-    path = os.path.join(run, "summary.json")
-    need(os.path.isdir(run), f"--run {run}: no such folder")
-    need(os.path.isfile(path), f"--run {run}: no summary.json (has the run finished?)")
-    try:
-        with open(path) as f:
-            summary = json.load(f)
-        train = summary["config"]
-        settings = {name: train[name] for name in RUN_PROBLEMS}
-        models = {summary["base_model"]: ("start", summary.get("initial_test_accuracy")),
-                  summary["final_model"]: ("final", summary.get("final_test_accuracy"))}
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ConfigError(f"--run {run}: summary.json is not JSON ({e})") from None
-    except (KeyError, TypeError) as e:
-        raise ConfigError(f"--run {run}: summary.json lacks {e} (not a train.py summary?)") from None
-    settings.update({name: train[name] for name in RUN_SETTINGS if name in train})
-    inside = os.path.join(train.get("out_dir", "runs"), train.get("run_name", os.path.basename(os.path.normpath(run))))
-    return settings, {_seen_from_here(model, run, inside): role for model, role in models.items()}
-
-
-def _seen_from_here(path: str, run: str, inside: str) -> str:
-    """A path from summary.json, relative to where train.py ran (the folder holding `inside` = out_dir/run_name,
-    when `run` ends with it), or to the run folder itself (a moved run's final model); else as it is (a hub id)."""
-    run, inside = os.path.normpath(run), os.path.normpath(inside)
-    candidates = [path, os.path.join(run, os.path.relpath(path, inside))]
-    if run.endswith(inside):
-        candidates.insert(1, os.path.join(run[:-len(inside)] or ".", path))
-    return next((os.path.normpath(c) for c in candidates if os.path.exists(c)), path)
 
 
 def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:

@@ -9,6 +9,7 @@ almost exactly, a bfloat16 one within bf16 noise (tests/test_eval.py).
 """
 import contextlib
 import gc
+import json
 import math
 import os
 import tempfile
@@ -17,6 +18,7 @@ from dataclasses import dataclass, field, replace
 
 import torch
 
+from .config import ConfigError, need
 from .data import Problem, decode_and_score, reward
 from .prompts import PromptBuilder
 
@@ -256,3 +258,41 @@ def print_results(results: dict, cfg, n_problems: int, run_models: dict) -> None
         for ex in r["examples"]:
             console.print(f"[dim]{path}[/dim] {'✓' if ex['greedy_correct'] else '✗'} {ex['question']!r} -> "
                           f"{ex['greedy']!r}", markup=True, highlight=False)
+
+
+# ----- a train.py run's summary, for eval.py --run ----------------------------------------------
+
+RUN_PROBLEMS = ("data", "test_data", "seed", "max_number", "max_new_tokens", "eval_size")  # the run's held-out set
+RUN_SETTINGS = ("temperature", "engine_dtype", "prompt_format", "max_prompt_tokens")
+
+
+def read_run(run: str) -> tuple[dict, dict]:
+    """A train.py run's summary.json: (its settings as flag values: its held-out problems, temperature, engine dtype
+    and prompts; {model path as seen from here: (role, train.py's HF greedy accuracy)} of its start and final)."""
+    path = os.path.join(run, "summary.json")
+    need(os.path.isdir(run), f"--run {run}: no such folder")
+    need(os.path.isfile(path), f"--run {run}: no summary.json (has the run finished?)")
+    try:
+        with open(path) as f:
+            summary = json.load(f)
+        train = summary["config"]
+        settings = {name: train[name] for name in RUN_PROBLEMS}
+        models = {summary["base_model"]: ("start", summary.get("initial_test_accuracy")),
+                  summary["final_model"]: ("final", summary.get("final_test_accuracy"))}
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ConfigError(f"--run {run}: summary.json is not JSON ({e})") from None
+    except (KeyError, TypeError) as e:
+        raise ConfigError(f"--run {run}: summary.json lacks {e} (not a train.py summary?)") from None
+    settings.update({name: train[name] for name in RUN_SETTINGS if name in train})
+    inside = os.path.join(train.get("out_dir", "runs"), train.get("run_name", os.path.basename(os.path.normpath(run))))
+    return settings, {_seen_from_here(model, run, inside): role for model, role in models.items()}
+
+
+def _seen_from_here(path: str, run: str, inside: str) -> str:
+    """A path from summary.json, relative to where train.py ran (the folder holding `inside` = out_dir/run_name,
+    when `run` ends with it), or to the run folder itself (a moved run's final model); else as it is (a hub id)."""
+    run, inside = os.path.normpath(run), os.path.normpath(inside)
+    candidates = [path, os.path.join(run, os.path.relpath(path, inside))]
+    if run.endswith(inside):
+        candidates.insert(1, os.path.join(run[:-len(inside)] or ".", path))
+    return next((os.path.normpath(c) for c in candidates if os.path.exists(c)), path)
