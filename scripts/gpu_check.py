@@ -76,7 +76,7 @@ def check_train(args) -> dict:
     steps = 3
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--model", "smollm2-135m", "--out-dir", out,
            "--run-name", "train-int8", "--data", args.data, "--test-data", args.test_data, "--prompt-format", "chat",
-           "--quant", "int8", "--steps", str(steps), "--prompts-per-step", "4", "--group-size", "4",
+           "--quant", "int8", "--steps", str(steps), "--prompts-per-step", str(args.prompts), "--group-size", str(args.group),
            "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-tokens", "256", "--eval-size", "4",
            "--sync-check-every", "1", "--lr", "1e-6", "--minibatches", "2"]
     t0 = time.time()
@@ -127,6 +127,8 @@ def main(argv=None) -> int:
     parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "gsm8k", "train.jsonl"))
     parser.add_argument("--test-data", default=os.path.join(REPO, "..", "shared", "data", "gsm8k", "test.jsonl"))
     parser.add_argument("--max-new-tokens", type=int, default=128)
+    parser.add_argument("--prompts", type=int, default=4, help="train-int8: prompts per step")
+    parser.add_argument("--group", type=int, default=4, help="train-int8: samples per prompt")
     args = parser.parse_args(argv)
     os.makedirs(args.out_dir, exist_ok=True)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
