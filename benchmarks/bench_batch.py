@@ -22,7 +22,7 @@ import tempfile
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bench_rollout import ENGINES, SHAPES, decode_rates, int8_vs_best_unquantized, plot_ratios, weight_bytes  # noqa: E402
+from bench_rollout import CPU_ENGINES, ENGINES, SHAPES, decode_rates, int8_vs_best_unquantized, plot_ratios, weight_bytes  # noqa: E402
 
 
 def bench(args, platform, tmp) -> dict:
@@ -42,7 +42,7 @@ def bench(args, platform, tmp) -> dict:
     engines = {e: RolloutEngine.from_actor(actor, tok, os.path.join(tmp, e), quant_fmt=ENGINES[e][0],
                                            platform=platform, dtype=ENGINES[e][1], seed=0, max_model_len=max_len,
                                            kv_cache_gib=args.kv_cache_gib)[0] for e in args.engines}
-    bytes_per = {e: weight_bytes(actor, quantized_names if ENGINES[e][0] == "int8" else set(),
+    bytes_per = {e: weight_bytes(actor, quantized_names if ENGINES[e][0] in ("int8", "fp8") else set(),
                                  2 if engines[e].dtype == "bfloat16" else 4) for e in engines}
     per_batch = {s: {name: [] for name in engines} for s in args.sequences}
     for r in range(args.repeats):  # one round = every batch size, every engine (rotating order inside)
@@ -73,8 +73,8 @@ def plot(result, path, cpu):
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--shape", default="qwen2.5-0.5b", choices=list(SHAPES))
-    p.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
+    p.add_argument("--shape", default="qwen2.5-0.5b", choices=[s for s in SHAPES if SHAPES[s]])  # random weights
+    p.add_argument("--engines", nargs="+", default=CPU_ENGINES, choices=list(ENGINES))
     p.add_argument("--sequences", nargs="+", type=int, default=[1, 4, 16, 64], help="batch sizes (sequences)")
     p.add_argument("--tokens", type=int, default=64, help="decoded tokens per sequence (exactly)")
     p.add_argument("--repeats", type=int, default=3, help="timed rounds")
