@@ -116,9 +116,11 @@ def objective_seq_mask(R, R_hat, rho, eps_low, eps_high, C, seq=None):
 
 
 OBJECTIVE_FNS = {"ppo": objective_ppo, "naive": objective_naive, "decoupled": objective_decoupled,
-                 "tis": objective_tis, "acr": objective_acr, "icepop": objective_icepop, "seq-tis": objective_seq_tis,
-                 "geo-tis": objective_geo_tis, "seq-mask": objective_seq_mask}
-OBJECTIVES = tuple(OBJECTIVE_FNS)
+                 "tis": objective_tis, "acr": objective_acr}  # the paper's (Eq. 1, 3, 4, 5, 9)
+CORRECTION_FNS = {"icepop": objective_icepop, "seq-tis": objective_seq_tis, "geo-tis": objective_geo_tis,
+                  "seq-mask": objective_seq_mask}  # the field's, beside them
+POLICY_OBJECTIVES = {**OBJECTIVE_FNS, **CORRECTION_FNS}  # what --objective chooses from
+OBJECTIVES = tuple(POLICY_OBJECTIVES)
 
 
 def masked_mean(x, mask, dim=None, over=None):
@@ -152,14 +154,14 @@ def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, cli
     """loss = -aggregate(objective per token) (`over`: the minibatch's units, for a micro-batch of it), and
     stats about clipping and truncation over these tokens (a minibatch's: `policy_stats`; the sampler gap
     over the whole step: `sampler_mismatch`)."""
-    if objective not in OBJECTIVE_FNS:
+    if objective not in POLICY_OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose from {OBJECTIVES}")
     mask = mask.to(logp.dtype)
     prox_logp, behav_logp, A = prox_logp.detach(), behav_logp.detach(), advantages.detach()
     R = torch.exp(logp - prox_logp)
     R_hat = torch.exp(logp - behav_logp)
     rho = torch.exp(prox_logp - behav_logp)
-    surrogate = OBJECTIVE_FNS[objective](R, R_hat, rho, clip_low, clip_high, tis_cap, seq=sequence_ratio(rho, mask))
+    surrogate = POLICY_OBJECTIVES[objective](R, R_hat, rho, clip_low, clip_high, tis_cap, seq=sequence_ratio(rho, mask))
     loss = -aggregate(surrogate.per_token(A), mask, agg, over)
     with torch.no_grad():
         stats = surrogate_stats(surrogate, A, rho, mask, plain_high=1 + clip_high, tis_cap=tis_cap)
@@ -173,8 +175,8 @@ def policy_stats(logp, prox_logp, behav_logp, advantages, seq_log_sum, seq_lengt
     token of the minibatch at once, so each statistic is what it says: a share, or a max; seq_*: each token's
     response's, from `sequence_ratio`)."""
     R, R_hat, rho = (torch.exp(logp - prox_logp), torch.exp(logp - behav_logp), torch.exp(prox_logp - behav_logp))
-    surrogate = OBJECTIVE_FNS[objective](R, R_hat, rho, clip_low, clip_high, tis_cap,
-                                         seq=SequenceRatio(seq_log_sum, seq_length))
+    surrogate = POLICY_OBJECTIVES[objective](R, R_hat, rho, clip_low, clip_high, tis_cap,
+                                             seq=SequenceRatio(seq_log_sum, seq_length))
     return surrogate_stats(surrogate, advantages, rho, torch.ones_like(logp), plain_high=1 + clip_high,
                            tis_cap=tis_cap)
 
