@@ -85,7 +85,7 @@ def measure_row(name, actor, tokenizer, prompts, args, platform, tmp):
     from qurl_mini.engine import RolloutEngine
 
     fmt, group, keep = ROWS[name]
-    quant.keep_unquantized(actor, keep)
+    kept = quant.keep_unquantized(actor, keep)
     engine, _ = RolloutEngine.from_actor(actor, tokenizer, os.path.join(tmp, name.replace(" ", "_")), quant_fmt=fmt,
                                          quant_group=group, platform=platform, seed=args.seed,
                                          max_model_len=max(map(len, prompts)) + args.max_new_tokens + 8,
@@ -100,7 +100,7 @@ def measure_row(name, actor, tokenizer, prompts, args, platform, tmp):
     emulated = score(actor, rows, plens, context=engine.computing_like(actor))
     stats = mismatch_stats(prox, behav)
     stats["emulation"] = {k: v for k, v in mismatch_stats(prox, emulated).items() if k.startswith("kl_k3")}
-    stats.update(quant=fmt, group=group, keep=keep, kept_projections=len(quant.keep_unquantized(actor, keep)),
+    stats.update(quant=fmt, group=group, keep=keep, kept_projections=len(kept),
                  engine_format=engine.engine_format, engine_dtype=engine.dtype,
                  mean_response_tokens=statistics.mean(len(s.response_ids) for s in samples))
     quant.keep_unquantized(actor, None)

@@ -59,16 +59,24 @@ def _write_int8_linear(layer, kernel, w_q: torch.Tensor, w_scale: torch.Tensor, 
 @torch.no_grad()
 def sync_int8_model(model, named_tensors, model_dtype=torch.bfloat16) -> int:
     """Load checkpoint-format tensors into the live vLLM model; returns the int8 layers written."""
+    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+
     tensors = dict(named_tensors)
     fused = dict(getattr(model, "packed_modules_mapping", {}) or {})  # qkv_proj -> [q, k, v], ...
     consumed, written = set(), 0
     for module_name, module in model.named_modules():
         kernel = _int8_kernel(module)
-        if kernel is None:
+        kept = isinstance(module, LinearBase) and isinstance(getattr(module, "quant_method", None),
+                                                             UnquantizedLinearMethod)  # --quant-keep
+        if kernel is None and not kept:
             continue
         names = _checkpoint_names(module_name, fused)
         present = [f"{n}.weight" in tensors for n in names]
         if not any(present):
+            continue
+        if kept:
+            _write_unquantized_linear(module, torch.cat([tensors[f"{n}.weight"] for n in names]).to(model_dtype))
+            consumed |= {f"{n}.weight" for n in names}
             continue
         if not all(present):
             raise ValueError(f"{module_name}: a fused layer needs all of {names}")
@@ -79,12 +87,6 @@ def sync_int8_model(model, named_tensors, model_dtype=torch.bfloat16) -> int:
                            torch.cat([tensors[f"{n}.weight_scale"].reshape(-1, 1) for n in names]), model_dtype)
         consumed |= {f"{n}.{s}" for n in names for s in ("weight", "weight_scale", "bias")}
         written += 1
-    for module_name, module in model.named_modules():  # projections kept unquantized (--quant-keep)
-        names = _checkpoint_names(module_name, fused)
-        if _is_unquantized_linear(module) and all(f"{n}.weight" in tensors for n in names):
-            weight = torch.cat([tensors[f"{n}.weight"] for n in names]).to(model_dtype)
-            _write_unquantized_linear(module, weight)
-            consumed |= {f"{n}.weight" for n in names}
     rest = [(k, v) for k, v in tensors.items() if k not in consumed]
     if rest:  # embeddings, norms: the model's own loaders copy them in place
         model.load_weights(iter(rest))
@@ -96,12 +98,6 @@ def _checkpoint_names(module_name: str, fused: dict) -> list[str]:
     """The checkpoint's layers behind one vLLM layer: qkv_proj -> q_proj, k_proj, v_proj; down_proj -> itself."""
     prefix, _, leaf = module_name.rpartition(".")
     return [f"{prefix}.{part}" if prefix else part for part in fused.get(leaf, [leaf])]
-
-
-def _is_unquantized_linear(module) -> bool:
-    from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
-
-    return isinstance(module, LinearBase) and isinstance(getattr(module, "quant_method", None), UnquantizedLinearMethod)
 
 
 @torch.no_grad()
