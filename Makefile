@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install track real-model verl-env demo demo-real test gpu-check bench replay contrast mismatch clean
+.PHONY: install track real-model verl-env demo demo-real test gpu-check bench replay contrast mismatch table1 clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -103,9 +103,14 @@ replay: install
 contrast: install
 	$(BIN)/python experiments/mismatch.py --contrast --parallel $(if $(filter cpu,$(TARGET)),2,1)
 
-# the whole dial (3 formats x 3 objectives + BF16, 3 seeds; runs on disk are reused) -> docs/results/mismatch*
+# the whole dial (3 formats x the paper's 3 objectives, the field's 4 at int3 and int2g32, BF16; 3 seeds; runs on
+# disk are reused) -> docs/results/mismatch*
 mismatch: install
 	$(BIN)/python experiments/mismatch.py
+
+# the paper's Table 1 on SmolLM2-135M-Instruct (4 rows x 3 seeds; runs on disk are reused, a stopped one resumes)
+table1: install real-model
+	$(BIN)/python experiments/table1.py --parallel $(if $(filter cpu,$(TARGET)),2,1)
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache runs

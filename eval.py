@@ -17,16 +17,16 @@ import sys
 from dataclasses import dataclass, field, fields
 from typing import Optional
 
-from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
+from qurl_mini.infra.progress import quiet_third_parties, setup_logging, verbose_requested
 
 if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
     quiet_third_parties(verbose_requested())
 
 from qurl_mini.config import Config, ConfigError, flag, need  # noqa: E402
-from qurl_mini.errors import OneLineError  # noqa: E402
+from qurl_mini.infra.errors import OneLineError  # noqa: E402
 from qurl_mini.evaluate import read_run  # noqa: E402
 from qurl_mini.named_models import resolve_model  # noqa: E402
-from qurl_mini.paths import ModelError, check_model_dir, check_output_file, check_outputs_apart  # noqa: E402
+from qurl_mini.infra.paths import ModelError, check_model_dir, check_output_file, check_outputs_apart  # noqa: E402
 
 TRAIN_FLAGS = {f.name: f for f in fields(Config)}
 CHECKED_AS_IN_TRAIN = ("data", "eval_size", "max_new_tokens", "prompt_format", "max_prompt_tokens", "max_number", "quant",

@@ -18,13 +18,13 @@ import argparse
 import gc
 import sys
 
-from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
+from qurl_mini.infra.progress import quiet_third_parties, setup_logging, verbose_requested
 
 if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
     quiet_third_parties(verbose_requested())
 
-from qurl_mini.errors import OneLineError  # noqa: E402
-from qurl_mini.paths import check_output_dir, check_outputs_apart  # noqa: E402
+from qurl_mini.infra.errors import OneLineError  # noqa: E402
+from qurl_mini.infra.paths import check_output_dir, check_outputs_apart  # noqa: E402
 from qurl_mini.quant import FORMATS  # noqa: E402
 
 
@@ -95,7 +95,7 @@ def main(argv=None) -> int:
     import torch
 
     from qurl_mini.actor import load_actor
-    from qurl_mini.checkpoint import tensor_bytes, written_atomically
+    from qurl_mini.infra.checkpoint import tensor_bytes, written_atomically
     from qurl_mini.data import synthetic_splits
     from qurl_mini.named_models import resolve_model
     from qurl_mini.quant import QuantError, check_group, dequantize, describe, quantized_state, save_quantized_checkpoint

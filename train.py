@@ -5,17 +5,17 @@ import os
 import sys
 import time
 
-from qurl_mini.progress import quiet_third_parties, setup_logging, verbose_requested
+from qurl_mini.infra.progress import quiet_third_parties, setup_logging, verbose_requested
 
 if __name__ == "__main__":  # before torch and vLLM load: they read their log settings then
     quiet_third_parties(verbose_requested())
 
 from qurl_mini.config import parse_args  # noqa: E402
-from qurl_mini.errors import OneLineError  # noqa: E402
+from qurl_mini.infra.errors import OneLineError  # noqa: E402
 
 def dry_run_report(cfg) -> str:
     """The resolved flags and the memory plan, without loading anything."""
-    from qurl_mini.memory import memory_plan, model_shape
+    from qurl_mini.infra.memory import memory_plan, model_shape
 
     lines = ["resolved config:", json.dumps(cfg.to_dict(), indent=1)]
     shape = model_shape(cfg.model)
@@ -67,7 +67,7 @@ def main(argv=None) -> int:
         print(dry_run_report(cfg))
         return 0
     setup_logging(cfg.verbose or verbose_requested(argv))  # or QURL_VERBOSE=1
-    from qurl_mini.run_dir import exit_code, stop_on_signals, stopped_message
+    from qurl_mini.infra.signals import exit_code, stop_on_signals, stopped_message
 
     try:
         from qurl_mini.trainer import Trainer
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
         with stop_on_signals(), Trainer(cfg) as trainer:  # SIGINT/SIGTERM: stop at the next phase's end
             summary = trainer.run()
     except KeyboardInterrupt as e:  # a signal (Interrupted), or Ctrl-C before the handlers were set
-        from qurl_mini.checkpoint import newest_loadable
+        from qurl_mini.infra.checkpoint import newest_loadable
 
         last, _ = newest_loadable(os.path.join(cfg.out_dir, cfg.run_name))
         print(stopped_message(e, last, __file__, sys.argv[1:] if argv is None else argv), file=sys.stderr)
@@ -84,7 +84,7 @@ def main(argv=None) -> int:
         print(f"error: {e}", file=sys.stderr)
         return 2
     except Exception as e:  # anything else keeps its traceback
-        from qurl_mini.checkpoint import is_disk_full
+        from qurl_mini.infra.checkpoint import is_disk_full
 
         if is_disk_full(e):  # any other file of the run (metrics, the engine's start weights, a plot)
             print(f"error: disk full: {one_line(e)}; free some space and run again with --resume", file=sys.stderr)

@@ -83,8 +83,8 @@ def main() -> None:
     args = p.parse_args()
 
     from qurl_mini.engine import Platform
-    from qurl_mini.hardware import describe_cpu
-    from qurl_mini.progress import setup_logging
+    from qurl_mini.infra.hardware import describe_cpu
+    from qurl_mini.infra.progress import setup_logging
 
     setup_logging()
     cpu = describe_cpu()

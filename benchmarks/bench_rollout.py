@@ -94,7 +94,7 @@ def bench_shape(name, shape, args, platform, tmp):
         syncs = []
         for _ in range(args.repeats):
             t0 = time.perf_counter()
-            engine.load_weights(engine.checkpoint_tensors(actor)[0])
+            engine.sync_weights(actor)
             syncs.append(time.perf_counter() - t0)
         bytes_per = 2 if engine.dtype == "bfloat16" else 4
         row["engines"][engine_name] = {
@@ -171,8 +171,8 @@ def main() -> None:
     args = p.parse_args()
 
     from qurl_mini.engine import Platform
-    from qurl_mini.hardware import describe_cpu
-    from qurl_mini.progress import setup_logging
+    from qurl_mini.infra.hardware import describe_cpu
+    from qurl_mini.infra.progress import setup_logging
 
     setup_logging()
     cpu, platform = describe_cpu(), Platform.detect()

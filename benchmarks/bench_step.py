@@ -36,7 +36,7 @@ def main() -> None:
     args = p.parse_args()
 
     from qurl_mini.embedded import build_tiny_model
-    from qurl_mini.hardware import describe_cpu
+    from qurl_mini.infra.hardware import describe_cpu
 
     cpu = describe_cpu()
     results = {}

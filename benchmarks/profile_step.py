@@ -78,8 +78,8 @@ def main(argv=None) -> int:
     import torch
 
     from qurl_mini.config import Config
-    from qurl_mini.hardware import describe_cpu
-    from qurl_mini.progress import setup_logging
+    from qurl_mini.infra.hardware import describe_cpu
+    from qurl_mini.infra.progress import setup_logging
     from qurl_mini.trainer import Trainer
 
     setup_logging()
@@ -91,13 +91,13 @@ def main(argv=None) -> int:
     phases, tokens = [], []
     with Trainer(cfg) as trainer:
         captured = {}
-        update = trainer.update
+        update = trainer.updater
 
         def keep_experience(experience):  # the step's minibatches, for the plain baseline below
             captured["experience"] = experience
             return update(experience)
 
-        trainer.update = keep_experience
+        trainer.updater = keep_experience
         for step in range(1, args.steps + 1):
             row = trainer.step(step)
             phases.append({k: row[k] for k in ("time_rollout", "time_logprob", "time_update", "time_sync", "time_step")})

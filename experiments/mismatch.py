@@ -19,12 +19,13 @@ format, and what that does to naive (Eq. 3), TIS (Eq. 5) and ACR (Eq. 9) trainin
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
 from collections import Counter
 
-from runs import REPO, commit, mean_sd, read_run, run, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, read_run, run, series, test_accuracy_curve
 
 # the dial, finest to coarsest: label -> (--quant, --quant-group)
 DIAL = {"int8": ("int8", 0), "fp8": ("fp8", 0), "int6": ("int6", 0), "int5": ("int5", 0),
@@ -34,6 +35,11 @@ DIAL = {"int8": ("int8", 0), "fp8": ("fp8", 0), "int6": ("int6", 0), "int5": ("i
 TRAIN_FORMATS = ["int2g32", "int3", "int4g32"]
 CONTRAST_FORMAT = "int2g32"
 OBJECTIVES = {"naive": "naive (Eq. 3)", "tis": "TIS (Eq. 5, FlashRL)", "acr": "ACR (Eq. 9, QuRL)"}
+# the corrections the field uses today (loss.CORRECTION_FNS), at the formats where a correction matters
+FIELD_OBJECTIVES = {"icepop": "IcePop token mask (verl, NeMo-RL)", "seq-tis": "sequence TIS (TRL, slime)",
+                    "geo-tis": "geometric-mean TIS (slime)", "seq-mask": "sequence mask (TRL's default)"}
+FIELD_FORMATS = ["int3", "int2g32"]
+ALL_OBJECTIVES = {**OBJECTIVES, **FIELD_OBJECTIVES}
 # fixed before the first run, the same for every row: several minibatches and 2 PPO epochs per batch and
 # no KL penalty, so that naive's ratio carries the whole sampler/learner gap. The engine computes in fp32 on
 # every CPU (the first runs were made on an AVX2-only CPU, where `--engine-dtype auto` is float32), so runs
@@ -49,7 +55,7 @@ TIS_CAP = 2.0  # train.py's default C
 def row_flags(row: str) -> list[str]:
     if row == "bf16":
         return ["--quant", "none", "--objective", "ppo"]
-    fmt, objective = row.split("-")
+    fmt, objective = row.split("-", 1)
     quant, group = DIAL[fmt]
     return ["--quant", quant, "--quant-group", str(group), "--objective", objective]
 
@@ -153,7 +159,8 @@ def training_markdown(table: dict, stats: dict) -> str:
              "| KL, last 10 steps | max rho | rho > C | clipped above / below |", "|---|---|---|---|---|---|---|---|---|---|"]
     lines[0] = lines[0].replace("| per seed |", "| per seed (seeds) |")
     for row, s in stats.items():
-        fmt, objective = ("none (BF16 row)", "PPO-clip (Eq. 1)") if row == "bf16" else (row.split("-")[0], OBJECTIVES[row.split("-")[1]])
+        fmt, objective = (("none (BF16 row)", "PPO-clip (Eq. 1)") if row == "bf16" else
+                          (row.split("-", 1)[0], ALL_OBJECTIVES[row.split("-", 1)[1]]))
         lines.append(f"| `{fmt}` | {objective} | **{100 * s['mean']:.1f} ± {100 * s['sd']:.1f}** | "
                      f"{' / '.join(f'{100 * f:.1f}' for f in s['final'])} ({len(s['final'])}) | "
                      f"{100 * (s['mean'] - bf16['mean']):+.1f} | "
@@ -196,6 +203,36 @@ def headline(stats: dict, formats: list[str]) -> str:
     return "\n".join([answer, "", f"Rule, fixed before the runs: {rule}.", *(f"- {n}" for n in notes)])
 
 
+def format_verdicts(stats: dict, formats: list[str]) -> str:
+    """Per format, every objective judged against BF16 by the headline's rule (holds / fails / in between), and
+    the pairs of objectives whose means differ by more than their seed spreads (sd_a + sd_b)."""
+    bf16, lines = stats["bf16"], []
+    for fmt in formats:
+        rows = {o: stats[f"{fmt}-{o}"] for o in ALL_OBJECTIVES if f"{fmt}-{o}" in stats}
+        if not rows:
+            continue
+        if min(len(s["final"]) for s in [bf16, *rows.values()]) < 3:
+            lines.append(f"- `{fmt}`: fewer than 3 seeds of some row finished, not judged")
+            continue
+        verdict = {}
+        for o, s in rows.items():
+            if s["mean"] >= bf16["mean"] - (bf16["sd"] + s["sd"]):
+                verdict.setdefault("holds", []).append(o)
+            elif s["mean"] <= bf16["mean"] - 0.10 and s["mean"] + s["sd"] < bf16["mean"] - bf16["sd"]:
+                verdict.setdefault("fails", []).append(o)
+            else:
+                verdict.setdefault("in between", []).append(o)
+        apart = [f"{a} {100 * rows[a]['mean']:.1f} vs {b} {100 * rows[b]['mean']:.1f}"
+                 for i, a in enumerate(rows) for b in list(rows)[i + 1:]
+                 if abs(rows[a]["mean"] - rows[b]["mean"]) > rows[a]["sd"] + rows[b]["sd"]]
+        lines.append(f"- `{fmt}`: " + "; ".join(f"{k}: {', '.join(v)}" for k, v in verdict.items()) +
+                     (f". Apart beyond the seed spread: {'; '.join(apart)}." if apart else
+                      ". No two objectives differ beyond their seed spread."))
+    rule = ("holds: mean >= BF16's mean - (BF16's sd + its sd); fails: mean >= 10 points under BF16's and mean + sd "
+            "under BF16's mean - sd; otherwise in between")
+    return "\n".join([*lines, "", f"Rule, fixed before the runs: {rule}."])
+
+
 # ----- (c) plots ----------------------------------------------------------------------------------
 
 
@@ -208,11 +245,13 @@ def _plt():
 
 
 STYLE = {"bf16": ("black", "unquantized rollout (BF16 row), Eq. 1"), "naive": ("tab:red", OBJECTIVES["naive"]),
-         "tis": ("tab:blue", OBJECTIVES["tis"]), "acr": ("tab:green", OBJECTIVES["acr"])}
+         "tis": ("tab:blue", OBJECTIVES["tis"]), "acr": ("tab:green", OBJECTIVES["acr"]),
+         "icepop": ("tab:purple", FIELD_OBJECTIVES["icepop"]), "seq-tis": ("tab:orange", FIELD_OBJECTIVES["seq-tis"]),
+         "geo-tis": ("tab:brown", FIELD_OBJECTIVES["geo-tis"]), "seq-mask": ("tab:olive", FIELD_OBJECTIVES["seq-mask"])}
 
 
 def _style(row):
-    return STYLE[row.split("-")[-1]]
+    return STYLE["bf16" if row == "bf16" else row.split("-", 1)[1]]
 
 
 def plot_dose_response(stats: dict, formats: list[str], path: str) -> str:
@@ -222,7 +261,7 @@ def plot_dose_response(stats: dict, formats: list[str], path: str) -> str:
     ax.axhspan(100 * (bf16["mean"] - bf16["sd"]), 100 * (bf16["mean"] + bf16["sd"]), color="grey", alpha=0.25,
                label=f"BF16 rollout (mean ± sd, KL {bf16['kl_k3_median']:.0e})")
     ax.axhline(100 * bf16["start"], color="grey", ls=":", lw=1, label="warm start")
-    for objective in OBJECTIVES:
+    for objective in ALL_OBJECTIVES:
         points = sorted((stats[f"{f}-{objective}"]["kl_k3_median"], stats[f"{f}-{objective}"]["mean"],
                          stats[f"{f}-{objective}"]["sd"], f) for f in formats if f"{f}-{objective}" in stats)
         if not points:
@@ -329,6 +368,7 @@ def contrast(args) -> int:
     print(f"contrast: BF16 rollout vs {CONTRAST_FORMAT} ({' / '.join(OBJECTIVES)}), seed {args.seeds[0]}, "
           f"{args.settings['--steps']} steps each -> {args.work}", flush=True)
     table = train_all(args.work, [rows], args.seeds[:1], args.settings, args.parallel)
+    one_experiment(table, args.settings, f"contrast ({args.work})")
     steps = test_accuracy_curve(table["bf16"])[0]
     curves = {row: dict(zip(*test_accuracy_curve(table[row]))) for row in rows}
     print("\ngreedy test accuracy (%) by step:")
@@ -351,6 +391,17 @@ def warm_start_dir(recorded: str) -> str | None:
     return next((d for d in (recorded, here) if os.path.isdir(d)), None)
 
 
+def with_weights(model_dir: str | None, weights: str, work: str) -> str | None:
+    """model_dir's config and tokenizer with `weights` as its model.safetensors (a folder under work), or None."""
+    if not model_dir or not os.path.isfile(weights):
+        return None
+    folder = os.path.join(work, "bf16_end_model")
+    shutil.rmtree(folder, ignore_errors=True)
+    shutil.copytree(model_dir, folder, ignore=shutil.ignore_patterns("model.safetensors"))
+    shutil.copyfile(weights, os.path.join(folder, "model.safetensors"))
+    return folder
+
+
 def machines(table: dict) -> str:
     """The CPUs (and engine dtypes) the runs recorded in their summary.json, with the rows run on each."""
     seen = {}
@@ -364,23 +415,30 @@ def machines(table: dict) -> str:
 
 def sweep(args, argv) -> int:
     t0 = time.time()
-    groups = [[f"{f}-{o}" for o in args.objectives] for f in args.formats]
+    paper = [o for o in args.objectives if o in OBJECTIVES]
+    field = [o for o in args.objectives if o in FIELD_OBJECTIVES]
+    groups = [[f"{f}-{o}" for o in paper] for f in args.formats]  # the paper's rows first, then the field's
+    groups += [[f"{f}-{o}" for o in field] for f in args.formats if f in FIELD_FORMATS and field]
     groups[0].insert(0, "bf16")
     print(f"mismatch sweep: {sum(map(len, groups))} rows x {len(args.seeds)} seeds -> {args.work}", flush=True)
     table = train_all(args.work, groups, args.seeds, args.settings, args.parallel)
+    base_hash = one_experiment(table, args.settings, f"mismatch sweep ({args.work})")
     stats = {row: run_summary(runs) for row, runs in table.items()}
 
     from qurl_mini.data import load_problems
-    from qurl_mini.hardware import describe_cpu
+    from qurl_mini.infra.hardware import describe_cpu
 
     _, test = load_problems("synthetic", None, args.static_prompts, 0, 10)
     warm = warm_start_dir(table["bf16"][0]["summary"]["base_model"])
     bf16_final = os.path.join(args.work, "runs", f"bf16-seed{args.seeds[0]}", "final")
+    bf16_end = args.out + "_bf16_end.safetensors"  # committed: the static table's second model, checkable
+    if os.path.isfile(os.path.join(bf16_final, "model.safetensors")):
+        shutil.copyfile(os.path.join(bf16_final, "model.safetensors"), bf16_end)
     static_path = args.out + "_static.json"
     previous = json.load(open(static_path)) if os.path.exists(static_path) else {}
     static, kept = {}, []
-    # models not committed (a run's final model) or not built here keep the measurement made with them
-    for key, model_dir in (("warm_start", warm), ("bf16_end", bf16_final)):
+    # a model not on this machine keeps the measurement made with it
+    for key, model_dir in (("warm_start", warm), ("bf16_end", with_weights(warm, bf16_end, args.work))):
         if model_dir and os.path.isdir(model_dir):
             static[key] = static_mismatch(model_dir, test, prompts=args.static_prompts, samples=4, tokens=24)
         elif key in previous:
@@ -405,6 +463,10 @@ def sweep(args, argv) -> int:
           f"`--engine-dtype float32` joined the settings recorded `auto`, which their AVX2-only CPU resolved to "
           f"float32 (each run's summary.json has the dtype it ran in).\n",
           "## Is there a format where naive Eq. 3 breaks while ACR holds?\n", headline(stats, args.formats), "",
+          "## Per format: which objectives hold, which fail\n",
+          "The paper's objectives and the corrections the field uses today (`--objective icepop / seq-tis / geo-tis "
+          f"/ seq-mask`, thresholds [1/C, C] with C = {TIS_CAP:g}; run at {', '.join(f'`{f}`' for f in FIELD_FORMATS)}).\n",
+          format_verdicts(stats, args.formats), "",
           "## Training: final greedy test accuracy and the measured mismatch\n",
           f"Warm start: {100 * stats['bf16']['start']:.1f}%. KL(behav‖prox) is the k3 estimator over each step's "
           f"sampled tokens; max rho over all steps and seeds; rho > C (C = {TIS_CAP:g}) and clipped shares are "
@@ -415,8 +477,8 @@ def sweep(args, argv) -> int:
           "statistics over the sampled tokens (one sample of responses: another seed or CPU draws other tokens, and "
           "the numbers move by tens of percent: compare formats within one table).\n", "### At the warm start\n", static_markdown(static["warm_start"]), ""]
     if "bf16_end" in static:
-        was = (" (measured from the run's final model on the machine that trained it; the model is not committed, "
-               "so this table is kept from that measurement)" if "bf16_end" in kept else "")
+        was = (f" (its weights: `{os.path.basename(bf16_end)}`)" if "bf16_end" not in kept else
+               " (kept from the measurement made when its weights were on disk)")
         md += [f"### At the end of the BF16 run (seed {args.seeds[0]}, {args.settings['--steps']} steps){was}\n",
                static_markdown(static["bf16_end"]), ""]
     md += [f"![{os.path.basename(p)}]({os.path.basename(p)})" for p in pngs]
@@ -435,8 +497,9 @@ def main(argv=None) -> int:
                                                            "seed, curves side by side (make contrast)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
     p.add_argument("--formats", nargs="+", default=TRAIN_FORMATS, choices=list(DIAL), help="formats to train")
-    p.add_argument("--objectives", nargs="+", default=list(OBJECTIVES), choices=list(OBJECTIVES),
-                   help="objectives to train at each format (a partial sweep: the rest can follow later)")
+    p.add_argument("--objectives", nargs="+", default=list(ALL_OBJECTIVES), choices=list(ALL_OBJECTIVES),
+                   help="objectives to train (the field's at FIELD_FORMATS only; a partial sweep: the rest can "
+                        "follow later)")
     p.add_argument("--static-prompts", type=int, default=64)
     p.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned to one CPU core "
                                                            "(2 on a 2-core machine: more runs per hour)")
@@ -451,6 +514,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.settings.update(SMOKE)
         args.seeds, args.formats, args.static_prompts = args.seeds[:1], args.formats[:1], 4
+        args.objectives = [*OBJECTIVES, "seq-mask"]  # one of the field's corrections
     args.out = os.path.abspath(args.out or os.path.join(REPO, *(("runs", "contrast") if args.contrast
                                                                  else ("docs", "results", "mismatch"))))
     args.work = os.path.abspath(args.work or args.out + "_runs")

@@ -244,9 +244,9 @@ def main(argv=None) -> int:
     from qurl_mini.actor import load_actor
     from qurl_mini.engine import Platform, RolloutEngine
     from qurl_mini.evaluate import free_engine
-    from qurl_mini.hardware import describe_cpu
+    from qurl_mini.infra.hardware import describe_cpu
     from qurl_mini.named_models import resolve_model
-    from qurl_mini.progress import setup_logging
+    from qurl_mini.infra.progress import setup_logging
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
     from runs import commit

@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from runs import REPO, commit, mean_sd, read_run, run, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, read_run, run, series, test_accuracy_curve
 
 # Table 1 analogue: name -> train.py flags
 TABLE_ROWS = {
@@ -123,6 +123,11 @@ def plots(table, uaq, out):
     return paths
 
 
+# what the table's columns are computed from, kept per step in replay.json (the runs' folders are not committed)
+STEP_KEYS = ("step", "accuracy", "test_accuracy", "kl_behav_prox", "kl_behav_prox_k3", "rho_max", "rho_max_step",
+             "clip_frac_upper", "clip_frac_lower")
+
+
 def table_markdown(table, args) -> str:
     lines = [f"| row | rollout / objective | greedy test accuracy, start | final (mean ± sd, {len(args.seeds)} seeds) | "
              "per seed | median KL(behav‖prox) | max rho | mean clip frac (above / below) |",
@@ -183,6 +188,8 @@ def main(argv=None) -> int:
     table = {name: [read_run(run(work, f"{name}-seed{s}", common + TABLE_ROWS[name] + ["--seed", str(s)],
                                  os.path.join(work, "logs")))
                     for s in args.seeds] for name in rows}
+    settings_flags = dict(zip(common[::2], common[1::2]))
+    base_hash = one_experiment(table, settings_flags, f"replay ({work})")
     uaq = {}
     if not args.no_uaq:
         uaq_common = ["--algo", "grpo", "--quant", "int8", "--objective", "acr", "--steps", str(args.uaq_steps),
@@ -192,12 +199,15 @@ def main(argv=None) -> int:
             flags = uaq_common + ["--uaq-scale", str(s), "--lr", f"{args.uaq_lr * lr_mult:g}"]
             uaq[name] = read_run(run(work, "uaq-" + name.replace(" ", "").replace(",", "-"), flags,
                                      os.path.join(work, "logs")))
-
+        odd = [n for n, r in uaq.items() if r["summary"].get("base_model_hash") != base_hash]
+        if odd:
+            raise SystemExit(f"error: replay ({work}): the UAQ rows {', '.join(odd)} start from another base than the "
+                             f"table's ({base_hash}); remove them and run again")
     pngs = plots(table, uaq, args.out)
     settings = (f"GRPO on the embedded task, {args.steps} steps x {args.prompts_per_step} prompts x 8 samples, "
                 f"greedy test accuracy on {args.eval_size} held-out problems, seeds {args.seeds}; "
                 f"UAQ rows: INT8 + ACR, lr {args.uaq_lr:g}, {args.uaq_steps} steps, seed {args.seeds[0]}")
-    from qurl_mini.hardware import describe_cpu
+    from qurl_mini.infra.hardware import describe_cpu
 
     md = [f"# Replay of the paper's comparisons at toy scale\n\nMade by `python experiments/replay.py "
           f"{' '.join(argv if argv is not None else sys.argv[1:])}` at commit {commit()} in "
@@ -209,8 +219,10 @@ def main(argv=None) -> int:
     with open(args.out + ".md", "w") as f:
         f.write("\n".join(md) + "\n")
     with open(args.out + ".json", "w") as f:
-        json.dump({"settings": settings, "table": {n: [r["summary"] | {"config": None} for r in runs]
-                                                   for n, runs in table.items()},
+        json.dump({"settings": settings, "base_model_hash": base_hash,
+                   "table": {n: [{**r["summary"], "config": None, "steps": [{k: m.get(k) for k in STEP_KEYS}
+                                                                             for m in r["metrics"]]} for r in runs]
+                             for n, runs in table.items()},
                    "uaq": {n: r["metrics"] for n, r in uaq.items()}}, f, indent=1)
     print(f"wrote {args.out}.md, {args.out}.json, " + ", ".join(pngs))
     return 0

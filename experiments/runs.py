@@ -2,29 +2,43 @@
 read back as {summary, metrics}, and summarised over seeds."""
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+if REPO not in sys.path:
+    sys.path.insert(0, REPO)
+
+
+# flags that do not change what a run computes (saving a checkpoint draws no randomness): runs that differ in
+# them are one experiment
+NEUTRAL_FLAGS = {"--save-every"}
 
 
 def run(out_dir, name, flags, log_dir, core: int | None = None) -> str:
-    """One train.py run (skipped if its summary exists); returns its folder. core: pin the run (vLLM's
+    """One train.py run (skipped if its summary exists; resumed from its newest complete checkpoint if one is
+    there, a run stopped part-way, e.g. by the end of a session); returns its folder. core: pin the run (vLLM's
     OpenMP threads, which the HF actor in the same process shares) to that one CPU core."""
     run_dir = os.path.join(out_dir, "runs", name)
     if os.path.exists(os.path.join(run_dir, "summary.json")):
         return run_dir
+    from qurl_mini.infra.checkpoint import newest_loadable
+
     os.makedirs(log_dir, exist_ok=True)
+    resume = os.path.isdir(run_dir) and newest_loadable(run_dir)[0] is not None  # train.py --resume's own choice
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--out-dir", os.path.join(out_dir, "runs"),
-           "--run-name", name, "--cache-dir", os.path.join(REPO, ".cache"), *flags]
+           "--run-name", name, "--cache-dir", os.path.join(REPO, ".cache"), *flags, *(["--resume"] if resume else [])]
     t0 = time.time()
-    with open(os.path.join(log_dir, f"{name}.log"), "w") as log:
+    with open(os.path.join(log_dir, f"{name}.log"), "a" if resume else "w") as log:
         env = os.environ if core is None else {**os.environ, "VLLM_CPU_OMP_THREADS_BIND": str(core), "OMP_NUM_THREADS": "1"}
         proc = subprocess.run(cmd, cwd=REPO, stdout=log, stderr=subprocess.STDOUT, env=env)
     if proc.returncode != 0:
         raise SystemExit(f"error: run {name} failed (exit {proc.returncode}); see {log.name}")
+    # a finished run needs no resume point: its checkpoints go (1.6 GB each on the real model), final/ stays
+    shutil.rmtree(os.path.join(run_dir, "checkpoints"), ignore_errors=True)
     print(f"  {name}: {time.time() - t0:.0f} s" + (f" (core {core})" if core is not None else ""), flush=True)
     return run_dir
 
@@ -66,3 +80,37 @@ def test_accuracy_curve(runs):
 def commit() -> str:
     return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
                           text=True).stdout.strip() or "?"
+
+
+def one_experiment(table: dict, settings: dict, where: str) -> str:
+    """The one base model hash that every run of `table` ({row: [run]}) started from, with one initial accuracy
+    and the script's `settings` ({flag: value}); else SystemExit, one line naming the odd runs. A table holds
+    one experiment."""
+    bases, odd = {}, []
+    for row, runs in table.items():
+        for r in runs:
+            s = r["summary"]
+            config = s.get("config", {})
+            name = f"{row} seed {config.get('seed', '?')}"
+            bases.setdefault((s.get("base_model_hash"), s["initial_test_accuracy"]), []).append(name)
+            recorded = {flag: config.get(flag.lstrip("-").replace("-", "_")) for flag in settings}
+            odd += [f"{name} ({flag} {recorded[flag]})" for flag, value in settings.items()
+                    if flag not in NEUTRAL_FLAGS and not _same(recorded[flag], value)]
+    if len(bases) > 1 or None in {h for h, _ in bases}:
+        found = "; ".join(f"base {h or 'not recorded'} at {100 * a:.1f}%: {', '.join(names[:3])}"
+                          + (f" and {len(names) - 3} more" if len(names) > 3 else "") for (h, a), names in bases.items())
+        raise SystemExit(f"error: {where}: the runs do not start from one recorded base ({found}); one table holds "
+                         f"one experiment: remove the odd runs and run again")
+    if odd:
+        raise SystemExit(f"error: {where}: runs made with other settings than this script's: {', '.join(odd[:4])}; "
+                         f"remove them and run again")
+    return next(iter(bases))[0] if bases else None
+
+
+def _same(recorded, flag_value: str) -> bool:
+    if recorded is None:
+        return False
+    try:
+        return float(recorded) == float(flag_value)
+    except (TypeError, ValueError):
+        return str(recorded) == flag_value

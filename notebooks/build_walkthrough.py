@@ -23,8 +23,8 @@ gradient come from the **full-precision HF actor**. Each heading names the libra
 `Trainer.step` ([`qurl_mini/trainer.py`](../qurl_mini/trainer.py)) calls for that phase. The code cells
 call those functions and copy none of them.
 
-It runs on a CPU in about a minute. On a fresh clone, the first run also builds the embedded warm start
-(about 3.5 minutes, then cached in `.cache/`, shared with `make demo` and the tests).
+It runs on a CPU in about a minute. The embedded warm start ships with the repository (the same bytes on
+every machine); the first run unpacks it into `.cache/`, shared with `make demo` and the tests.
 
 Three policies score every sampled token:
 
@@ -62,8 +62,8 @@ import transformers
 
 from qurl_mini.config import Config
 from qurl_mini.data import load_problems
-from qurl_mini.hardware import describe_cpu
-from qurl_mini.trainer import base_model_path
+from qurl_mini.infra.hardware import describe_cpu
+from qurl_mini.base_model import base_model_path
 
 transformers.utils.logging.disable_progress_bar()
 print("CPU:", describe_cpu(), "(the numbers below follow its kernels)")
@@ -173,8 +173,9 @@ per equation):
 | `acr` | Eq. 9 (QuRL) | min(rho, C) | R | (1 + eps) / r, with r = 1 / max(1, rho / C) |
 
 Before the first optimizer step pi_theta = pi_prox, so R = 1 and the objectives that clip on R clip nothing;
-naive clips on R_hat = pi_theta / pi_behav, which is rho there, so a token whose rho is already above 1 + eps is
-clipped from the start (INT8's rho reaches past 1.2 on these tokens). The trainer takes
+naive clips on R_hat = pi_theta / pi_behav, which is rho there, so a token whose rho already lies outside
+[1 - eps, 1 + eps] is clipped from the start (the range of rho printed above says whether this batch has one;
+how far INT8's rho strays depends on the CPU's kernel). The trainer takes
 several minibatch steps per rollout batch, and from the second on pi_theta has moved. Here we take four
 AdamW steps on the ACR objective (lr 1e-3, ten times the demo's, so that more tokens reach the bounds),
 then score the same tokens under each objective. A token is clipped when the min takes the clipped
@@ -270,7 +271,7 @@ print(f"largest logit difference, s = 1 vs s = 1.5: {(a - b).abs().max():.2e} (l
 """),
     ("md", r"""
 What changes is what one optimizer step does to the INT8 codes. Below, one AdamW step on the ACR loss of
-this batch at lr 1e-5, for s = 1 and s = 1.5. `quant.WeightUpdateMonitor` measures what the trainer logs
+this batch at lr 1e-5, for s = 1 and s = 1.5. `metrics.WeightUpdateMonitor` measures what the trainer logs
 at every sync: the share of INT8 codes that changed, Eq. 13 (||dW||^2 / ||W||^2) and Eq. 14
 (||Q(W) - W||^2 / ||W||^2).
 
@@ -282,21 +283,21 @@ while the step stays the same. The step therefore covers s times more grid steps
     ("code", r"""
 import json
 
-from qurl_mini.engine import checkpoint_tensors
-from qurl_mini.quant import WeightUpdateMonitor
+from qurl_mini.engine import engine_tensors
+from qurl_mini.metrics import WeightUpdateMonitor
 
 
 def one_adamw_step(s, lr=1e-5):
     # UAQ with scale s, then one AdamW step; the monitor compares the INT8 codes before and after
     model = apply_uaq(copy.deepcopy(actor), s)
     monitor = WeightUpdateMonitor()
-    monitor.measure(model, checkpoint_tensors(model, "int8")[1])
+    monitor.measure(model, engine_tensors(model, "int8")[1])
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
     loss, _ = policy_loss(token_logprobs(model, seq.input_ids, seq.attention_mask), prox_logp, behav_logp, A, mask,
                           objective="acr", **settings)
     loss.backward()
     optimizer.step()
-    return monitor.measure(model, checkpoint_tensors(model, "int8")[1])
+    return monitor.measure(model, engine_tensors(model, "int8")[1])
 
 
 steps = {s: one_adamw_step(s) for s in (1.0, 1.5)}
@@ -339,7 +340,7 @@ pd.DataFrame({f"s = {s}": {
 } for s in (1.5, 2)}).round(2)
 """),
     ("md", r"""
-## 7. Quantize and sync: `RolloutEngine.checkpoint_tensors`, `RolloutEngine.load_weights`
+## 7. Quantize and sync: `RolloutEngine.sync_weights`
 
 The last phase of a step quantizes the updated actor again and writes the codes into the live engine in
 place. The next rollout then samples from the new policy. Here the engine takes the four-step policy
@@ -348,8 +349,7 @@ of section 4, and its log-probs of the sampled tokens move with it:
     ("code", r"""
 from qurl_mini.sync_probe import mean_abs_gap
 
-pairs, _ = engine.checkpoint_tensors(policy)  # int8 codes + scales of the updated actor
-engine.load_weights(pairs)
+engine.sync_weights(policy)  # int8 codes + scales of the updated actor, into the live engine
 
 response = mask[row] > 0
 before = mean_abs_gap(behav_logp[row][response], logp[row][response])

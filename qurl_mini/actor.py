@@ -7,7 +7,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from .batch import micro_batch_slices
-from .paths import ModelError, check_model_dir, first_line
+from .infra.paths import ModelError, check_model_dir, first_line
 
 
 def load_actor(model: str, dtype=torch.float32):

@@ -9,8 +9,8 @@ from .algorithms import ALGORITHMS
 from .loss import AGGREGATIONS, OBJECTIVES
 from .named_models import NAMED_MODELS
 from .quant import FORMATS
-from .trackers import TRACKERS, not_installed
-from .errors import OneLineError
+from .infra.trackers import TRACKERS, not_installed
+from .infra.errors import OneLineError
 
 BASE_DEFAULTS = dict(clip_low=0.2, clip_high=0.2, kl_coef=1e-3, loss_agg="seq-mean-token-mean")
 

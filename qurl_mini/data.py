@@ -9,7 +9,7 @@ import os
 import random
 import re
 from dataclasses import dataclass
-from .errors import OneLineError
+from .infra.errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 
@@ -169,7 +169,7 @@ def load_problems(data: str, test_data: str | None, n_test: int, seed: int, max_
     return shuffled[n_held:], shuffled[:n_held]
 
 
-class PromptSampler:
+class PromptOrder:
     """Seeded, resumable data order: epoch-wise permutations read at a cursor."""
 
     def __init__(self, n: int, seed: int, cursor: int = 0):

@@ -7,7 +7,11 @@ the dataset's own solutions, without the sloppy teacher (its slip is the synthet
 
 Nothing is downloaded: the tokenizer is built with `tokenizers`, the model from a
 `Qwen2Config`, and a short supervised fine-tune on the synthetic train split gives the
-starting policy. The result is a normal HF model folder, cached.
+starting policy. The result is a normal HF model folder, cached. The default synthetic warm start
+ships (`SHIPPED_WARM_STARTS`, in qurl_mini/assets/): an SFT on each CPU, even with another thread count,
+rounds differently and gives other bytes (and a few points of other accuracy), so every machine starts
+from the shipped ones; other settings (--sft-steps, --sft-lr, --teacher-slip, the text variant) are
+trained here, on first use.
 
 The SFT demonstrations come from a *sloppy teacher*: in a fraction `teacher_slip` of them it
 miscounts by one (writes C+1 for both the work and the answer). Imitating it, the model
@@ -25,6 +29,7 @@ import logging
 import math
 import os
 import random
+import shutil
 import string
 from dataclasses import dataclass
 from typing import Callable
@@ -32,7 +37,8 @@ from typing import Callable
 import torch
 
 from .data import Problem
-from .progress import progress_bar
+from .infra.paths import ModelError, file_sha256
+from .infra.progress import progress_bar
 
 log = logging.getLogger("qurl_mini")
 
@@ -199,29 +205,57 @@ def _cached_description(out_dir: str) -> str:
         return "its settings: sft_settings.json"
 
 
+# warm-start key -> (its model.safetensors under qurl_mini/assets/, that file's sha256); made by
+# `python scripts/build_warm_start.py --embedded` (the SFT below, on an AMD EPYC with 2 threads)
+ASSETS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "assets")
+SHIPPED_WARM_STARTS = {
+    "19737ebe26": ("embedded-sft-19737ebe26.safetensors",
+                   "603f10a0be3ea294894db38f580197781e211749307b2abfe06f296cb81023e3"),
+}
+
+
 def warm_start(cache_dir: str, train: list[Problem], *, variant: str = "synthetic", steps: int | None = None,
                lr: float, teacher_slip: float, seed: int = 0, source: str = "synthetic") -> str:
-    """Path of the SFT'd embedded model, built on first use and cached by its settings."""
+    """Path of the SFT'd embedded model, cached by its settings: the shipped bytes where its settings are the
+    shipped ones (a cache of other bytes under that key, an SFT made here before, is replaced), else built
+    here on first use."""
     shape = EMBEDDED_VARIANTS[variant]
     teacher_slip = teacher_slip if shape.teacher_slips else 0.0
     settings = warm_start_settings(variant, train, steps=steps or shape.sft_steps, batch_size=shape.sft_batch_size,
                                    lr=lr, teacher_slip=teacher_slip, seed=seed, source=source)
-    out_dir = os.path.join(cache_dir, f"embedded-sft-{warm_start_key(settings)}")
+    key = warm_start_key(settings)
+    out_dir = os.path.join(cache_dir, f"embedded-sft-{key}")
+    weights = os.path.join(out_dir, "model.safetensors")
+    shipped = SHIPPED_WARM_STARTS.get(key) if variant == "synthetic" else None
     os.makedirs(cache_dir, exist_ok=True)
     with open(out_dir + ".lock", "w") as lock:  # runs started together (make contrast) build it once:
         fcntl.flock(lock, fcntl.LOCK_EX)  # the others wait here, then reuse it; the kernel drops it on any exit
-        if os.path.isfile(os.path.join(out_dir, "model.safetensors")):
+        if os.path.isfile(weights) and (shipped is None or file_sha256(weights) == shipped[1]):
             log.info("warm start: reusing %s (%s)", out_dir, _cached_description(out_dir))
+        elif shipped:
+            _save(out_dir, settings, variant, train, shipped_weights=checked_asset(*shipped))
         else:
-            _sft_and_save(out_dir, settings, variant, train)
+            _save(out_dir, settings, variant, train)
     return out_dir
 
 
-def _sft_and_save(out_dir: str, settings: dict, variant: str, train: list[Problem]) -> None:
-    """The warm start itself: SFT of a fresh tiny Qwen2 with `settings`, written whole (or not at all) to out_dir."""
+def checked_asset(name: str, sha256: str) -> str:
+    """The shipped file under ASSETS, or a ModelError naming it: missing (a partial checkout) or other bytes."""
+    path = os.path.join(ASSETS, name)
+    if not os.path.isfile(path):
+        raise ModelError(f"the shipped warm start {path} is missing (a partial checkout?); restore it with git checkout")
+    if file_sha256(path) != sha256:
+        raise ModelError(f"the shipped warm start {path} is damaged (its sha256 is not the pinned one); restore it "
+                         f"with git checkout")
+    return path
+
+
+def _save(out_dir: str, settings: dict, variant: str, train: list[Problem], shipped_weights: str | None = None) -> None:
+    """The warm start itself, written whole (or not at all) to out_dir: SFT of a fresh tiny Qwen2 with `settings`,
+    or, given shipped_weights, the fresh model's config and tokenizer with those (the same SFT, made once)."""
     from transformers import Qwen2ForCausalLM
 
-    from .checkpoint import tensor_bytes, written_atomically
+    from .infra.checkpoint import tensor_bytes, written_atomically
 
     shape = EMBEDDED_VARIANTS[variant]
     torch.manual_seed(settings["seed"])
@@ -231,11 +265,21 @@ def _sft_and_save(out_dir: str, settings: dict, variant: str, train: list[Proble
     fitting = [p for p in train if len(tokenizer.encode(p.prompt + p.answer)) < shape.max_positions]
     description = describe_warm_start(variant, settings, sum(p.numel() for p in model.parameters()),
                                       skipped=len(train) - len(fitting))
-    log.info("warm start: %s; cached in %s", description, out_dir)
-    sft(model, tokenizer, fitting, settings["steps"], settings["batch_size"], settings["lr"], settings["seed"],
-        settings["teacher_slip"])
+    if shipped_weights:
+        log.info("warm start: the shipped %s (%s); cached in %s", os.path.basename(shipped_weights), description,
+                 out_dir)
+    else:
+        log.info("warm start: %s, trained on this machine (another CPU or thread count gives slightly other bytes); "
+                 "cached in %s", description, out_dir)
+        sft(model, tokenizer, fitting, settings["steps"], settings["batch_size"], settings["lr"], settings["seed"],
+            settings["teacher_slip"])
     with written_atomically(out_dir, tensor_bytes(model.state_dict()), then="run again") as tmp_dir:
-        model.save_pretrained(tmp_dir)
+        if shipped_weights:  # the model's config, and the shipped file itself, byte for byte
+            model.config.save_pretrained(tmp_dir)
+            model.generation_config.save_pretrained(tmp_dir)
+            shutil.copyfile(shipped_weights, os.path.join(tmp_dir, "model.safetensors"))
+        else:
+            model.save_pretrained(tmp_dir)
         tokenizer.save_pretrained(tmp_dir)
         with open(os.path.join(tmp_dir, "sft_settings.json"), "w") as f:
             json.dump({**settings, "description": description}, f, indent=1)

@@ -8,12 +8,14 @@ import contextlib
 import logging
 import math
 import os
+import time
 from dataclasses import dataclass
 
 import torch
 
-from . import hardware, quant, vllm_cpu_sync
-from .errors import OneLineError
+from . import quant, vllm_cpu_sync
+from .infra import hardware
+from .infra.errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
@@ -140,20 +142,25 @@ class RolloutEngine:
                    quant_group: int | None = None, **engine_kwargs):
         """Write the actor in the engine's checkpoint format ('none', a real W8A8 format, or an emulated one
         rounded to its grid) under out_dir and start vLLM on it.
-        Returns (engine, {weight name: (codes, scale)} of the start weights)."""
+        Returns (engine, {weight name: (codes, scale)} of the start weights; empty for an unquantized engine)."""
         if quant_fmt != "none":
             quant.check_group(actor, quant_fmt, quant_group)
         engine_format, dtype = platform.resolve_format(quant_fmt, quant_group), platform.engine_dtype(dtype)
         path = os.path.join(out_dir, f"engine-init-{engine_format}")
-        pairs, quantized = checkpoint_tensors(actor, engine_format, getattr(torch, dtype), quant_group)
+        tensors, codes = engine_tensors(actor, engine_format, getattr(torch, dtype), quant_group)
         if engine_format in ("int8", "fp8"):
-            quant.save_quantized_checkpoint(actor, tokenizer, path, engine_format, pairs)
+            quant.save_quantized_checkpoint(actor, tokenizer, path, engine_format, tensors)
         else:  # an unquantized engine; for emulated formats its weights are already on the grid
-            actor.save_pretrained(path, state_dict=dict(pairs), safe_serialization=True)
+            actor.save_pretrained(path, state_dict=dict(tensors), safe_serialization=True)
             tokenizer.save_pretrained(path)
         engine = cls(path, engine_format=engine_format, platform=platform, dtype=dtype, quant_group=quant_group,
                      **engine_kwargs)
-        return engine, quantized
+        return engine, codes
+
+    @property
+    def quantized(self) -> bool:
+        """Whether this engine holds quantized weights (a real W8A8 format or an emulated one)."""
+        return self.engine_format != "bf16"
 
     @property
     def model(self):
@@ -204,9 +211,18 @@ class RolloutEngine:
                                                      group=self.quant_group))
         return stack
 
-    def checkpoint_tensors(self, actor):
-        """The actor's weights in this engine's format, and {name: (codes, scale)} (see below)."""
-        return checkpoint_tensors(actor, self.engine_format, getattr(torch, self.dtype), self.quant_group)
+    def sync_weights(self, actor) -> "Synced":
+        """Phase 6 of an RL step: the updated actor in this engine's format (quantized where the engine is), loaded
+        into the live engine in place."""
+        t0 = time.perf_counter()
+        tensors, codes = self.tensors_for(actor)
+        seconds_quantize = time.perf_counter() - t0
+        self.load_weights(tensors)
+        return Synced(codes, seconds_quantize)
+
+    def tensors_for(self, actor):
+        """The actor's weights in this engine's format, and {name: (codes, scale)} (see `engine_tensors`)."""
+        return engine_tensors(actor, self.engine_format, getattr(torch, self.dtype), self.quant_group)
 
     def load_weights(self, named_tensors: list[tuple[str, torch.Tensor]]) -> None:
         """Push checkpoint-format tensors into the live engine, in place (waking it first on CUDA)."""
@@ -247,9 +263,17 @@ class RolloutEngine:
             self.asleep = True
 
 
-def checkpoint_tensors(actor, engine_format: str, dtype=torch.bfloat16, group: int | None = None):
-    """Checkpoint-format tensors for the engine (unquantized ones as `dtype`) and
-    {name: (codes, scale)} (empty for an unquantized engine)."""
+@dataclass
+class Synced:
+    """What a weight sync sent: {weight name: (codes, scale)} of the quantized weights (empty for an unquantized
+    engine), and the seconds the quantizing took."""
+    codes: dict
+    seconds_quantize: float
+
+
+def engine_tensors(actor, engine_format: str, dtype=torch.bfloat16, group: int | None = None):
+    """The actor's tensors as the engine loads them (unquantized ones as `dtype`), and
+    {name: (codes, scale)} of the quantized ones (empty for an unquantized engine)."""
     if engine_format == "bf16":
         return [(n, t.detach().to(dtype)) for n, t in actor.state_dict().items()], {}
     if engine_format.endswith("-emulated"):

@@ -172,7 +172,7 @@ def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> di
     """eval.py's numbers for one checkpoint: Avg@1 (and with cfg.k > 1 Avg@k, pass@k), lengths, times and
     examples, on the problems whose prompt fits cfg.max_prompt_tokens. Its engine is shut down before returning."""
     from .actor import load_actor
-    from .progress import progress_bar
+    from .infra.progress import progress_bar
 
     t0 = time.time()
     actor, tokenizer = load_actor(path)

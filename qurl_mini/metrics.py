@@ -1,8 +1,13 @@
-"""Per-step metrics: appended to runs/<name>/metrics.jsonl, plotted to PNG at the end."""
+"""Per-step metrics: appended to runs/<name>/metrics.jsonl, plotted to PNG at the end; and the Eq. 13-14
+statistics of each weight sync (`WeightUpdateMonitor`)."""
 import json
 import logging
 import math
 import os
+
+import torch
+
+from .quant import dequantize
 
 log = logging.getLogger("qurl_mini")
 
@@ -82,3 +87,29 @@ def plot_metrics(path: str, out_png: str, initial_test_accuracy: float | None = 
     fig.savefig(out_png, dpi=100)
     plt.close(fig)
     return out_png
+
+
+class WeightUpdateMonitor:
+    """Per sync: Eq. 13 normalized update, Eq. 14 normalized quantization error, and the
+    fraction of quantized codes that changed (how much of the update survives quantization)."""
+
+    def __init__(self):
+        self.previous_weights = None
+        self.previous_codes = None
+
+    @torch.no_grad()
+    def measure(self, model, quantized: dict) -> dict:
+        """`quantized` is {weight name: (codes, scale)} of the weights just synced."""
+        weights = {n: model.get_parameter(n).detach().float().clone() for n in quantized}
+        norm2 = sum(w.pow(2).sum().item() for w in weights.values())
+        error2 = sum((dequantize(q, s) - weights[n]).pow(2).sum().item() for n, (q, s) in quantized.items())
+        stats = {"quant_error_norm": error2 / norm2}  # Eq. 14
+        codes = {n: q.view(torch.uint8) for n, (q, _) in quantized.items()}
+        if self.previous_weights is not None:
+            prev_norm2 = sum(w.pow(2).sum().item() for w in self.previous_weights.values())
+            update2 = sum((weights[n] - self.previous_weights[n]).pow(2).sum().item() for n in weights)
+            stats["weight_update_norm"] = update2 / prev_norm2  # Eq. 13
+            changed = sum((codes[n] != self.previous_codes[n]).sum().item() for n in codes)
+            stats["codes_changed_frac"] = changed / sum(c.numel() for c in codes.values())
+        self.previous_weights, self.previous_codes = weights, codes
+        return stats

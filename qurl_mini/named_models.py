@@ -14,7 +14,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from .paths import ModelError, first_line
+from .infra.paths import ModelError, file_sha256, first_line
 
 log = logging.getLogger("qurl_mini")
 
@@ -100,7 +100,7 @@ def _apply_shipped(name: str, base_dir: str, out_dir: str) -> None:
 
     from safetensors.torch import load_file, save_file
 
-    from .checkpoint import written_atomically
+    from .infra.checkpoint import written_atomically
 
     spec = NAMED_MODELS[name]
     path = os.path.join(ASSETS, spec.tensors)
@@ -123,7 +123,7 @@ def _apply_shipped(name: str, base_dir: str, out_dir: str) -> None:
         save_file(weights, os.path.join(tmp, "model.safetensors"), metadata={"format": "pt"})
         with open(os.path.join(tmp, "source.json"), "w") as f:
             json.dump({"model": name, "base": spec.base, "shipped_tensors": spec.tensors,
-                       "shipped_sha256": _sha256(path), "about": spec.about}, f, indent=1)
+                       "shipped_sha256": file_sha256(path), "about": spec.about}, f, indent=1)
 
 
 def _complete(folder: str) -> bool:
@@ -136,7 +136,7 @@ def _convert(name: str, source: str, out_dir: str) -> None:
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from .checkpoint import tensor_bytes, written_atomically
+    from .infra.checkpoint import tensor_bytes, written_atomically
 
     folder, file = os.path.dirname(source), os.path.basename(source)
     try:
@@ -164,7 +164,7 @@ def _convert(name: str, source: str, out_dir: str) -> None:
         with open(os.path.join(tmp, "source.json"), "w") as f:
             json.dump({"model": name, "package": NAMED_MODELS[name].distribution,
                        "package_version": NAMED_MODELS[name].version, "gguf_file": file,
-                       "gguf_sha256": _sha256(source), "about": NAMED_MODELS[name].about}, f, indent=1)
+                       "gguf_sha256": file_sha256(source), "about": NAMED_MODELS[name].about}, f, indent=1)
 
 
 def weights_hash(folder: str) -> str | None:
@@ -176,13 +176,5 @@ def weights_hash(folder: str) -> str | None:
         return None
     digest = hashlib.sha256()
     for path in sorted(glob.glob(os.path.join(folder, "*.safetensors"))):
-        digest.update(_sha256(path).encode())
+        digest.update(file_sha256(path).encode())
     return digest.hexdigest()[:16]
-
-
-def _sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()

@@ -8,7 +8,7 @@
 import logging
 
 from .data import Problem
-from .errors import OneLineError
+from .infra.errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 

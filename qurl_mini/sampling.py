@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 import torch
 
 from .advantages import informative_groups, overlong_penalty
-from .data import Problem, PromptSampler, decode_and_score
+from .data import Problem, PromptOrder, decode_and_score
 
 
 @dataclass
@@ -43,15 +43,18 @@ class GroupSampler:
     tokenizer: object
     prompts: object  # prompts.PromptBuilder: the prompt ids as the model sees them
     problems: list[Problem]
-    order: PromptSampler
+    order: PromptOrder
 
-    def __call__(self) -> Samples:
-        return self.sample_with_dynamic_sampling() if self.algorithm.dynamic_sampling else self.sample()
+    def sample(self) -> Samples:
+        """Phases 1-2 of an RL step: --prompts-per-step prompts, G responses each, scored (DAPO: dynamic sampling)."""
+        if self.algorithm.dynamic_sampling:
+            return self.sample_with_dynamic_sampling()
+        return self.draw(self.cfg.prompts_per_step)
 
-    def sample(self, num_prompts: int | None = None) -> Samples:
-        """One round: the next prompts of the data order, G responses each, and their rewards."""
+    def draw(self, num_prompts: int) -> Samples:
+        """One round: the next num_prompts prompts of the data order, G responses each, and their rewards."""
         cfg = self.cfg
-        problems = [self.problems[i] for i in self.order.take(num_prompts or cfg.prompts_per_step)]
+        problems = [self.problems[i] for i in self.order.take(num_prompts)]
         groups = self.engine.generate([self.prompts.ids(p) for p in problems], n=cfg.group_size,
                                       temperature=cfg.temperature, max_tokens=cfg.max_new_tokens,
                                       stop_token_ids=[self.tokenizer.eos_token_id])
@@ -72,7 +75,7 @@ class GroupSampler:
         cfg, kept, rounds, dropped = self.cfg, Samples(), 0, 0
         while len(kept) < cfg.prompts_per_step and rounds < cfg.dapo_max_tries:
             rounds += 1
-            last = self.sample(cfg.prompts_per_step - len(kept))
+            last = self.draw(cfg.prompts_per_step - len(kept))
             for problem, group, shaped, correct in zip(last.problems, last.groups, last.rewards, last.correct):
                 if informative_groups(correct, cfg.group_size).item():
                     kept.add(problem, group, shaped, correct)

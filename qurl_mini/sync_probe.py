@@ -14,7 +14,9 @@ import math
 from dataclasses import dataclass
 
 import torch
-from .errors import OneLineError
+
+from .actor import device_of, token_logprobs
+from .infra.errors import OneLineError
 
 
 class SyncError(OneLineError, RuntimeError):
@@ -23,6 +25,24 @@ class SyncError(OneLineError, RuntimeError):
 
 def mean_abs_gap(engine_logp: torch.Tensor, actor_logp: torch.Tensor) -> float:
     return (engine_logp.float() - actor_logp.float()).abs().mean().item()
+
+
+@dataclass
+class ProbeSides:
+    """The two sides the probe compares on one sequence: the engine, and the actor computing like it."""
+    engine: object  # engine.RolloutEngine
+    actor: object
+    sequence: list[int]
+
+    def engine_logprobs(self) -> torch.Tensor:
+        return torch.tensor(self.engine.prompt_logprobs([self.sequence])[0])
+
+    @torch.no_grad()
+    def actor_logprobs(self) -> torch.Tensor:
+        """The actor's log-probs of the sequence, with its weights (and W8A8 activations) on the engine's grid."""
+        ids = torch.tensor([self.sequence], device=device_of(self.actor))
+        with self.engine.computing_like(self.actor):
+            return token_logprobs(self.actor, ids, torch.ones_like(ids))[0].cpu()
 
 
 @dataclass

@@ -17,7 +17,7 @@ step grows by about s. For Eq. 13, a ratio of squared norms over all quantized w
 predicts a growth of 1 / (f / s^2 + 1 - f), f = `rescaled_share(model)`.
 """
 import torch
-from .errors import OneLineError
+from .infra.errors import OneLineError
 
 # (norm that feeds the projections, the projections it feeds) in a Qwen2/Llama-style layer
 FOLDS = (

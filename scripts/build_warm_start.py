@@ -1,6 +1,11 @@
-"""Rebuild the real model's warm start, `--model smollm2-135m-arith`, and the tensors this repository ships for it.
+"""Rebuild a warm start this repository ships: the real model's (`--model smollm2-135m-arith`) or the embedded one's.
 
-    python scripts/build_warm_start.py            # ~5 min on 2 cores -> qurl_mini/assets/smollm2-135m-arith.*
+    python scripts/build_warm_start.py              # ~5 min on 2 cores -> qurl_mini/assets/smollm2-135m-arith.*
+    python scripts/build_warm_start.py --embedded   # ~6 min -> qurl_mini/assets/embedded-sft-<key>.safetensors
+
+The embedded warm start (the default model, the synthetic task) is the SFT in `qurl_mini/embedded.py` with its
+default settings; the file it writes replaces the shipped one only with `SHIPPED_WARM_STARTS`'s sha256 updated
+to the printed one (and every toy result made again from it).
 
 SmolLM2-135M-Instruct cannot do the synthetic task as it comes (greedy 0%: it reasons in prose and seldom ends
 with '#### N' in time), so GRPO would get no reward. A short SFT teaches the format: 80 steps of 16 synthetic
@@ -25,9 +30,12 @@ SETTINGS = dict(base="smollm2-135m", trained_layers=4, steps=80, batch_size=16, 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--embedded", action="store_true", help="the embedded model's warm start instead")
     p.add_argument("--name", default="smollm2-135m-arith")
     p.add_argument("--out", default=None, help="default: qurl_mini/assets/<name>.safetensors")
     args = p.parse_args(argv)
+    if args.embedded:
+        return build_embedded(args.out)
 
     import torch
     from safetensors.torch import save_file
@@ -35,9 +43,9 @@ def main(argv=None) -> int:
     from qurl_mini.actor import load_actor
     from qurl_mini.data import synthetic_splits
     from qurl_mini.embedded import sft
-    from qurl_mini.hardware import describe_cpu
+    from qurl_mini.infra.hardware import describe_cpu
     from qurl_mini.named_models import ASSETS, resolve_model
-    from qurl_mini.progress import setup_logging
+    from qurl_mini.infra.progress import setup_logging
     from qurl_mini.prompts import PromptBuilder
 
     setup_logging()
@@ -62,6 +70,32 @@ def main(argv=None) -> int:
         json.dump({**s, "trained": len(trained), "trained_params": sum(t.numel() for t in tensors.values()),
                    "built_on": describe_cpu()}, f, indent=1)
     print(f"wrote {out} ({os.path.getsize(out) / 2 ** 20:.0f} MiB, {len(tensors)} tensors)")
+    return 0
+
+
+def build_embedded(out: str | None) -> int:
+    """The embedded SFT with the trainer's defaults, trained here; writes its model.safetensors to `out`."""
+    import shutil
+    import tempfile
+
+    from qurl_mini import embedded
+    from qurl_mini.config import Config
+    from qurl_mini.data import load_problems
+    from qurl_mini.infra.progress import setup_logging
+
+    setup_logging()
+    cfg = Config()
+    train, _ = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
+    shape = embedded.EMBEDDED_VARIANTS["synthetic"]
+    settings = embedded.warm_start_settings("synthetic", train, steps=cfg.sft_steps or shape.sft_steps,
+                                            batch_size=shape.sft_batch_size, lr=cfg.sft_lr,
+                                            teacher_slip=cfg.teacher_slip, seed=0)
+    key = embedded.warm_start_key(settings)
+    out = out or os.path.join(embedded.ASSETS, f"embedded-sft-{key}.safetensors")
+    with tempfile.TemporaryDirectory() as tmp:
+        embedded._save(os.path.join(tmp, "sft"), settings, "synthetic", train)
+        shutil.copyfile(os.path.join(tmp, "sft", "model.safetensors"), out)
+    print(f"wrote {out} (key {key}, sha256 {embedded.file_sha256(out)})")
     return 0
 
 

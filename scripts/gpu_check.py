@@ -29,7 +29,7 @@ TEXTS = ["Q: Ann has 3 apples and gets 4 more. How many apples now?\nA: 3+4=7\n#
 
 
 def check_cuda(args) -> dict:
-    from qurl_mini import hardware
+    from qurl_mini.infra import hardware
 
     problem = hardware.cuda_problem()
     if problem:
@@ -151,7 +151,7 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    from qurl_mini.progress import quiet_third_parties, setup_logging
+    from qurl_mini.infra.progress import quiet_third_parties, setup_logging
 
     quiet_third_parties(False)
     setup_logging(False)

@@ -176,15 +176,15 @@ def test_nan_loss_skips_updates_counts_them_and_stops_after_max_bad_steps(tmp_pa
                                                                           monkeypatch):
     import torch
 
-    import qurl_mini.trainer as trainer
+    import qurl_mini.update as update
 
-    real = trainer.policy_loss
+    real = update.policy_loss
 
     def nan_loss(*args, **kwargs):
         loss, stats = real(*args, **kwargs)
         return loss * torch.tensor(float("nan")), stats
 
-    monkeypatch.setattr(trainer, "policy_loss", nan_loss)
+    monkeypatch.setattr(update, "policy_loss", nan_loss)
     code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--run-name", "nan",
                            "--steps", "5", "--max-bad-steps", "2", "--prompts-per-step", "4", "--eval-every", "0",
                            "--eval-size", "4", "--save-every", "1", "--max-new-tokens", "8"], capfd)

@@ -5,7 +5,7 @@ import logging
 
 import pytest
 
-from qurl_mini.data import (DataError, Problem, PromptSampler, extract_answer, load_local, load_problems, reward,
+from qurl_mini.data import (DataError, Problem, PromptOrder, extract_answer, load_local, load_problems, reward,
                             synthetic_splits)
 from qurl_mini.embedded import build_char_tokenizer
 
@@ -91,9 +91,9 @@ def test_single_file_is_split_into_disjoint_train_and_test(tmp_path):
 
 
 def test_prompt_sampler_resumes_exactly_at_its_cursor():
-    full = PromptSampler(10, seed=5)
+    full = PromptOrder(10, seed=5)
     first = full.take(7) + full.take(7) + full.take(7)
-    resumed = PromptSampler(10, seed=5, cursor=14)
+    resumed = PromptOrder(10, seed=5, cursor=14)
     assert resumed.take(7) == first[14:]
     assert sorted(first[:10]) == list(range(10))  # each epoch is a permutation
 
@@ -114,7 +114,7 @@ def test_synthetic_train_split_does_not_depend_on_the_test_size():
 
 
 def test_cpu_isa_names_the_instructions_that_decide_quantized_speed():
-    from qurl_mini.hardware import has_bf16_arithmetic, has_int8_dot_product, isa
+    from qurl_mini.infra.hardware import has_bf16_arithmetic, has_int8_dot_product, isa
 
     avx2 = frozenset("fpu sse4_2 avx avx2 fma".split())
     avx512 = avx2 | {"avx512f", "avx512bw", "avx512_vnni", "avx512_bf16"}

@@ -65,6 +65,61 @@ def test_the_synthetic_warm_start_is_unchanged():
     assert warm_start_key(settings) == "19737ebe26"
 
 
+def test_the_default_warm_start_is_the_shipped_bytes_on_every_machine(tmp_path, monkeypatch, caplog):
+    """No SFT runs for the default settings: the cache holds the shipped file (its sha256 pinned), the model
+    loads, and a cache of other bytes under the same key (an SFT made on this machine before) is replaced."""
+    from qurl_mini import embedded
+    from qurl_mini.actor import load_actor
+    from qurl_mini.base_model import base_model_path
+    from qurl_mini.named_models import weights_hash
+
+    monkeypatch.setattr(embedded, "sft", lambda *a, **k: pytest.fail("the shipped warm start was trained again"))
+    cfg = Config(cache_dir=str(tmp_path))
+    train, _ = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
+    folder = base_model_path(cfg, train)
+    weights = os.path.join(folder, "model.safetensors")
+    name, sha = embedded.SHIPPED_WARM_STARTS["19737ebe26"]
+    assert folder.endswith("embedded-sft-19737ebe26") and embedded.file_sha256(weights) == sha
+    assert embedded.file_sha256(os.path.join(embedded.ASSETS, name)) == sha
+    assert weights_hash(folder) == "44c033a1dc805494"  # what every summary.json of a toy run records
+    actor, tokenizer = load_actor(folder)
+    assert sum(p.numel() for p in actor.parameters()) == pytest.approx(1.6e6, rel=0.01)
+    assert tokenizer.decode(tokenizer.encode("7+3=10")) == "7+3=10"
+
+    with open(weights, "r+b") as f:  # other bytes under the key: an old machine-made SFT
+        f.seek(-4, os.SEEK_END)
+        f.write(b"\0\0\0\0")
+    assert embedded.file_sha256(weights) != sha
+    assert base_model_path(cfg, train) == folder
+    assert embedded.file_sha256(weights) == sha
+
+
+@pytest.mark.parametrize("damage", ["missing", "truncated"])
+def test_a_missing_or_damaged_shipped_warm_start_is_one_line_naming_the_file(tmp_path, monkeypatch, damage):
+    import shutil
+
+    from qurl_mini import embedded
+    from qurl_mini.base_model import base_model_path
+    from qurl_mini.infra.paths import ModelError
+
+    assets = tmp_path / "assets"
+    assets.mkdir()
+    if damage == "truncated":  # a half-copied checkout
+        name = embedded.SHIPPED_WARM_STARTS["19737ebe26"][0]
+        shutil.copyfile(os.path.join(embedded.ASSETS, name), assets / name)
+        with open(assets / name, "r+b") as f:
+            f.truncate(1000)
+    monkeypatch.setattr(embedded, "ASSETS", str(assets))
+    monkeypatch.setattr(embedded, "sft", lambda *a, **k: pytest.fail("no SFT in place of the shipped warm start"))
+    cfg = Config(cache_dir=str(tmp_path / "cache"))
+    train, _ = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
+    with pytest.raises(ModelError, match="the shipped warm start .*embedded-sft-19737ebe26.safetensors is "
+                                         + ("missing" if damage == "missing" else "damaged")) as e:
+        base_model_path(cfg, train)
+    assert "\n" not in str(e.value)
+    assert not (tmp_path / "cache" / "embedded-sft-19737ebe26").exists()  # nothing half-written left behind
+
+
 def test_teacher_slip_belongs_to_the_synthetic_task():
     assert Config(data=TRAIN).teacher_slip is None
     with pytest.raises(ConfigError, match="--teacher-slip belongs to the synthetic task"):

@@ -7,7 +7,7 @@ import torch
 from qurl_mini import quant
 from qurl_mini.actor import load_actor, token_logprobs
 from qurl_mini.embedded import build_tiny_model
-from qurl_mini.engine import Platform, RolloutEngine, checkpoint_tensors
+from qurl_mini.engine import Platform, RolloutEngine, engine_tensors
 
 PLATFORM = Platform.detect()
 TEXTS = ["Q: Ann has 3 apples and gets 4 more. How many apples now?\nA: 3+4=7\n#### 7",
@@ -52,7 +52,7 @@ def test_bf16_sync_makes_engine_match_the_updated_actor(tiny_dir, dtype):
     sequences = [tokenizer.encode(t) for t in TEXTS]
     updated = _hf_logprobs(actor, tokenizer)
     before = _max_gap(engine.prompt_logprobs(sequences), updated)
-    engine.load_weights(engine.checkpoint_tensors(actor)[0])
+    engine.sync_weights(actor)
     after = _max_gap(engine.prompt_logprobs(sequences), updated)
     print(f"{dtype} engine sync: max |engine - HF fp32| before {before:.3f}, after {after:.4f} nats")
     assert before > 0.5  # the engine still runs the old weights
@@ -110,7 +110,7 @@ def test_int8_live_sync_equals_a_freshly_loaded_checkpoint(tmp_path, monkeypatch
     tokens_before, _ = _greedy(live, prompts)
     for _ in range(3):  # optimizer steps, each followed by a quantize + sync
         _train_steps(actor, tokenizer, steps=2)
-        live.load_weights(checkpoint_tensors(actor, "int8")[0])
+        live.load_weights(engine_tensors(actor, "int8")[0])
     live_tokens, live_logps = _greedy(live, prompts)
     assert all(torch.isfinite(torch.tensor(lp)).all() for lp in live_logps)
 

@@ -122,7 +122,7 @@ def test_bad_input_is_one_line_and_exit_2(flags, message, tiny, bad_runs, capfd)
 def warm_start():
     """The embedded SFT warm start (~37% greedy accuracy): train.py's own, from the shared cache."""
     from qurl_mini.config import Config
-    from qurl_mini.trainer import base_model_path
+    from qurl_mini.base_model import base_model_path
 
     cfg = Config(cache_dir=CACHE)
     train, _ = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)

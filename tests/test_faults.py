@@ -24,7 +24,7 @@ import pytest
 import eval as eval_script
 import quantize
 import train
-from qurl_mini import checkpoint
+from qurl_mini.infra import checkpoint
 from qurl_mini.embedded import build_tiny_model
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

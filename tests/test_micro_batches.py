@@ -5,7 +5,8 @@ import random
 import pytest
 import torch
 
-from qurl_mini.actor import Critic, batched_logprobs, batched_values, load_actor, token_logprobs
+from qurl_mini.actor import (Critic, batched_logprobs, batched_values, enable_gradient_checkpointing, load_actor,
+                             token_logprobs)
 from qurl_mini.batch import Experience, align_per_token, micro_batch_slices, pack_sequences
 from qurl_mini.config import Config
 from qurl_mini.embedded import build_tiny_model
@@ -43,26 +44,26 @@ def _experience(actor, reference, critic, max_tokens=None):
                       returns=torch.randn(mask.shape) * mask)
 
 
-def _bare_trainer(models, **flags):
-    """A Trainer with just what `_minibatch_step` uses (no engine, no data); lr 0, no clipping."""
-    from qurl_mini.trainer import Trainer
+def _updater(models, **flags):
+    """An `update.Updater` on a tiny actor, reference and critic (no engine, no data); lr 0, no clipping."""
+    from qurl_mini.update import Updater
 
     torch.manual_seed(3)
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg = Config(algo="ppo", objective="acr", kl_coef=0.1, max_grad_norm=1e9, **flags)
-    trainer.actor = load_actor(models[0])[0].train()
-    trainer.reference = load_actor(models[1])[0].eval()
-    trainer.critic = Critic(trainer.actor)
-    torch.nn.init.normal_(trainer.critic.value_head.weight, std=0.5)  # zero-initialised: no backbone gradient
-    trainer._place_models(torch.device("cpu"))
-    trainer.optimizers = {"actor": torch.optim.SGD(trainer.actor.parameters(), lr=0.0),
-                          "critic": torch.optim.SGD(trainer.critic.parameters(), lr=0.0)}
-    trainer.schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0) for k, o in trainer.optimizers.items()}
-    return trainer
+    actor = load_actor(models[0])[0].train()
+    critic = Critic(actor)
+    torch.nn.init.normal_(critic.value_head.weight, std=0.5)  # zero-initialised: no backbone gradient
+    cfg = Config(algo="ppo", objective="acr", kl_coef=0.1, max_grad_norm=1e9, **flags)
+    if cfg.gradient_checkpointing:  # as the updater sets it up
+        enable_gradient_checkpointing(actor, critic.backbone)
+    updater = Updater(cfg, actor, critic, load_actor(models[1])[0].eval())
+    updater.optimizers = {"actor": torch.optim.SGD(actor.parameters(), lr=0.0),
+                          "critic": torch.optim.SGD(critic.parameters(), lr=0.0)}
+    updater.schedulers = {k: torch.optim.lr_scheduler.LambdaLR(o, lambda s: 1.0) for k, o in updater.optimizers.items()}
+    return updater
 
 
-def _grads(trainer):
-    return {f"{part}.{n}": p.grad.clone() for part, model in (("actor", trainer.actor), ("critic", trainer.critic))
+def _grads(updater):
+    return {f"{part}.{n}": p.grad.clone() for part, model in (("actor", updater.actor), ("critic", updater.critic))
             for n, p in model.named_parameters() if p.grad is not None}
 
 
@@ -71,14 +72,14 @@ def _assert_same(got, expected, what):
     assert (got - expected).abs().max() <= 1e-5 * expected.abs().max(), what
 
 
-def _full_batch_loss(trainer, exp):
+def _full_batch_loss(updater, exp):
     """The minibatch loss written out once, on the whole untrimmed batch."""
-    cfg, seq, m = trainer.cfg, exp.sequences, exp.mask
-    logp = token_logprobs(trainer.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
+    cfg, seq, m = updater.cfg, exp.sequences, exp.mask
+    logp = token_logprobs(updater.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
     loss, _ = policy_loss(logp, exp.prox_logp, exp.behav_logp, exp.advantages, m, objective=cfg.objective,
                           clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
     kl = masked_mean(kl_k3(logp, exp.ref_logp), m)
-    values = trainer.critic(seq.input_ids, seq.attention_mask)
+    values = updater.critic(seq.input_ids, seq.attention_mask)
     return loss, loss + cfg.kl_coef * kl + value_loss(values, exp.old_values, exp.returns, m, cfg.value_clip)
 
 
@@ -133,16 +134,16 @@ def test_token_budget_logprobs_equal_the_full_batch_on_every_real_position(model
 
 @pytest.mark.parametrize("loss_agg", AGGREGATIONS)
 def test_token_budget_micro_batches_give_the_full_batch_gradient(models, loss_agg):
-    whole = _bare_trainer(models, loss_agg=loss_agg)
+    whole = _updater(models, loss_agg=loss_agg)
     exp = _experience(whole.actor, whole.reference, whole.critic, max_tokens=40)
     policy, loss = _full_batch_loss(whole, exp)
     loss.backward()
     expected = _grads(whole)
     assert len(expected) > 20 and all(g.abs().sum() > 0 for g in expected.values())
     for flags in (dict(max_tokens_per_micro_batch=40), dict(max_tokens_per_micro_batch=1), dict(micro_batch_size=2)):
-        trainer = _bare_trainer(models, loss_agg=loss_agg, **flags)
-        stats = trainer._minibatch_step(exp)
-        got = _grads(trainer)
+        updater = _updater(models, loss_agg=loss_agg, **flags)
+        stats = updater._minibatch_step(exp)
+        got = _grads(updater)
         assert got.keys() == expected.keys()
         for name in expected:
             _assert_same(got[name], expected[name], f"{flags} {name}")
@@ -153,15 +154,15 @@ def test_gradient_checkpointing_gives_the_same_loss_and_gradient(models):
     exp = None
     results = {}
     for checkpointing in (False, True):
-        trainer = _bare_trainer(models, loss_agg="seq-mean-token-mean", max_tokens_per_micro_batch=64,
+        updater = _updater(models, loss_agg="seq-mean-token-mean", max_tokens_per_micro_batch=64,
                                 gradient_checkpointing=checkpointing)
-        exp = exp or _experience(trainer.actor, trainer.reference, trainer.critic)
+        exp = exp or _experience(updater.actor, updater.reference, updater.critic)
         calls = []
-        trainer.actor.model.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))  # recompute may stop early
-        stats = trainer._minibatch_step(exp)
-        results[checkpointing] = stats, _grads(trainer), len(calls)
-        assert trainer.actor.is_gradient_checkpointing == checkpointing
-        assert trainer.critic.backbone.is_gradient_checkpointing == checkpointing
+        updater.actor.model.layers[0].register_forward_pre_hook(lambda *a: calls.append(1))  # recompute may stop early
+        stats = updater._minibatch_step(exp)
+        results[checkpointing] = stats, _grads(updater), len(calls)
+        assert updater.actor.is_gradient_checkpointing == checkpointing
+        assert updater.critic.backbone.is_gradient_checkpointing == checkpointing
     (plain, g_plain, calls_plain), (ckpt, g_ckpt, calls_ckpt) = results[False], results[True]
     assert calls_ckpt == 2 * calls_plain  # each layer ran again in the backward pass
     for k in ("policy_loss", "kl_ref", "value_loss", "grad_norm"):

@@ -36,8 +36,24 @@ def test_headline_says_yes_only_when_naive_breaks_beyond_the_spread_and_acr_hold
     assert text.startswith("**No format") and "`int2g32`: fewer than 3 seeds finished" in text
 
 
+def test_per_format_verdicts_name_who_holds_who_fails_and_who_differs_beyond_the_spread():
+    rows = {"bf16": stats(0.90, 0.02), "int3-naive": stats(0.60, 0.05), "int3-tis": stats(0.88, 0.02),
+            "int3-acr": stats(0.89, 0.01), "int3-seq-mask": stats(0.84, 0.01), "int3-geo-tis": stats(0.70, 0.2)}
+    text = mismatch.format_verdicts(rows, ["int3", "int2g32"])
+    line = next(x for x in text.splitlines() if x.startswith("- `int3`"))
+    # seq-mask: 6 points under (not >= 10) and beyond the spread: in between; geo-tis' spread of 20 points
+    # reaches BF16's: the rule cannot tell it from BF16 (it holds), nor from anything else
+    assert "fails: naive; holds: tis, acr, geo-tis; in between: seq-mask." in line
+    assert "acr 89.0 vs seq-mask 84.0" in line and "naive 60.0 vs tis 88.0" in line
+    assert "tis 88.0 vs acr 89.0" not in line and "geo-tis" not in line.split("Apart")[1]
+    assert "`int2g32`" not in text  # no rows there: nothing said
+    few = mismatch.format_verdicts(rows | {"int3-acr": stats(0.89, 0.01, seeds=2)}, ["int3"])
+    assert "fewer than 3 seeds" in few
+
+
 def test_sweep_rows_map_to_the_dial_flags():
     assert mismatch.row_flags("bf16") == ["--quant", "none", "--objective", "ppo"]
+    assert mismatch.row_flags("int3-seq-mask") == ["--quant", "int3", "--quant-group", "0", "--objective", "seq-mask"]
     assert mismatch.row_flags("int3-naive") == ["--quant", "int3", "--quant-group", "0", "--objective", "naive"]
     assert mismatch.row_flags("int2g32-acr") == ["--quant", "int2", "--quant-group", "32", "--objective", "acr"]
 
@@ -94,6 +110,7 @@ def test_mismatch_smoke_writes_its_tables_and_plots_from_its_own_runs(tmp_path):
     # 4 prompts x 4 samples (~220 tokens) is one small sample: the finer formats can swap places (int8 6e-5
     # vs int4g32 3e-5 on one warm start, 3e-6 vs 9e-5 on another); the coarsest is ~100x above both
     assert max(static["int8"]["kl_k3"], static["int4g32"]["kl_k3"]) * 10 < static["int2g32"]["kl_k3"]
-    for row in ("bf16", "int2g32-naive", "int2g32-tis", "int2g32-acr"):
+    assert "## Per format: which objectives hold, which fail" in md
+    for row in ("bf16", "int2g32-naive", "int2g32-tis", "int2g32-acr", "int2g32-seq-mask"):
         summary = json.loads((tmp_path / "mismatch_runs" / "runs" / f"{row}-seed0" / "summary.json").read_text())
         assert data["training"][row]["final"] == [summary["final_test_accuracy"]]

@@ -8,7 +8,7 @@ import pytest
 
 import train
 from qurl_mini.config import load_preset, parse_args, presets
-from qurl_mini.memory import KNOWN_SHAPES, memory_plan
+from qurl_mini.infra.memory import KNOWN_SHAPES, memory_plan
 
 PEAK = "peak (resident + max(rollout, update); sleep frees the engine)"
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

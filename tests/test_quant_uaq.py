@@ -2,7 +2,7 @@
 import pytest
 import torch
 
-from qurl_mini import quant
+from qurl_mini import metrics, quant
 from qurl_mini.embedded import build_char_tokenizer, tiny_qwen2_config
 from qurl_mini.uaq import FOLDS, UAQError, apply_uaq, rescaled_share
 
@@ -68,7 +68,7 @@ def test_fake_quantized_model_is_close_but_not_equal():
 
 def test_weight_update_monitor_matches_direct_calculation():
     model = _tiny_model()
-    monitor = quant.WeightUpdateMonitor()
+    monitor = metrics.WeightUpdateMonitor()
     _, quantized = quant.quantized_state(model, "int8")
     first = monitor.measure(model, quantized)
     weights = {n: model.get_parameter(n).detach().clone() for n in quantized}
@@ -126,7 +126,7 @@ def test_uaq_changes_more_int8_codes_after_the_same_adamw_step():
     changed = {}
     for s in (1.0, 1.5):
         model = apply_uaq(_tiny_model().train(), s)
-        monitor = quant.WeightUpdateMonitor()
+        monitor = metrics.WeightUpdateMonitor()
         monitor.measure(model, rescaled_codes(model))
         opt = torch.optim.AdamW(model.parameters(), lr=1e-5, weight_decay=0.0)  # the trainer's optimizer
         model(ids).logits.square().mean().backward()

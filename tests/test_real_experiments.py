@@ -25,6 +25,25 @@ def test_table1_verdict_follows_the_rule_fixed_before_the_runs():
         "Not judged yet: int8-naive")
 
 
+def _run(row_seed, base="h1", start=0.5, lr=1e-5):
+    return {"summary": {"base_model_hash": base, "initial_test_accuracy": start,
+                        "config": {"seed": row_seed, "lr": lr, "model": "smollm2-135m-arith"}}}
+
+
+def test_a_results_table_refuses_runs_from_other_bases_or_settings_in_one_line():
+    from runs import one_experiment
+
+    settings = {"--lr": "1e-5", "--model": "smollm2-135m-arith"}
+    assert one_experiment({"a": [_run(0), _run(1)], "b": [_run(0)]}, settings, "t") == "h1"
+    for table, says in [({"a": [_run(0)], "b": [_run(0, base="h2")]}, "do not start from one recorded base"),
+                        ({"a": [_run(0)], "b": [_run(1, start=0.4)]}, "base h1 at 40.0%: b seed 1"),
+                        ({"a": [_run(0, base=None)]}, "base not recorded at 50.0%: a seed 0"),
+                        ({"a": [_run(0)], "b": [_run(2, lr=1e-4)]}, "other settings than this script's: b seed 2 (--lr")]:
+        with pytest.raises(SystemExit) as e:
+            one_experiment(table, settings, "t")
+        assert says in str(e.value) and "\n" not in str(e.value), e.value
+
+
 @pytest.mark.slow
 def test_table1_smoke_runs_every_row_on_the_real_model_and_reports_one_base(tmp_path):
     out = str(tmp_path / "t1")

@@ -14,7 +14,7 @@ import torch
 from qurl_mini.actor import load_actor, token_logprobs
 from qurl_mini.engine import Platform, RolloutEngine
 from qurl_mini.named_models import NAMED_MODELS, resolve_model
-from qurl_mini.paths import ModelError
+from qurl_mini.infra.paths import ModelError
 from qurl_mini.sync_probe import SyncError, SyncProbe
 
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ def test_live_sync_equals_a_fresh_engine_on_the_real_model(smol_dir, tmp_path, f
         assert methods == {0: "UnquantizedLinearMethod", 1: "CompressedTensorsLinearMethod", 28: "UnquantizedLinearMethod"}
     start = torch.tensor(live.prompt_logprobs([sequence])[0])
     _adam_steps(actor, sequence, lr=1e-5)
-    pairs, codes_after = live.checkpoint_tensors(actor)
+    pairs, codes_after = live.tensors_for(actor)
     if fmt != "none":
         changed = sum((codes_before[n][0] != codes_after[n][0]).sum().item() for n in codes_after)
         assert changed / sum(q.numel() for q, _ in codes_after.values()) > 2e-4  # the update reached the grid
@@ -173,7 +173,7 @@ def test_the_sync_probe_passes_a_real_sync_and_catches_a_skipped_one_on_the_real
     probe.calibrate(engine_logp(), actor_logp())
     for step, lr in ((1, 1e-8), (2, 1e-5)):  # a step the engine cannot see, then one that changes codes
         _adam_steps(actor, sequence, lr=lr, steps=1)
-        engine.load_weights(engine.checkpoint_tensors(actor)[0])
+        engine.sync_weights(actor)
         assert "sync_probe_gap" in probe.after_sync(step, engine_logp, actor_logp)
     _adam_steps(actor, sequence, lr=1e-5, steps=1)  # an update, and no sync
     with pytest.raises(SyncError, match="still holds the old weights"):

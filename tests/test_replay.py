@@ -25,4 +25,7 @@ def test_replay_smoke_writes_tables_and_plots_from_its_own_runs(tmp_path):
         shown = re.search(rf"\| `{re.escape(row)}` \|[^|]*\|[^|]*\| \*\*([\d.]+)%", md).group(1)
         assert float(shown) == pytest.approx(100 * summary["final_test_accuracy"], abs=0.05)
     assert "| s=1 |" in md and "| s=1.5 |" in md
-    assert json.loads((tmp_path / "replay.json").read_text())["table"].keys() == {"bf16", "int8-acr"}
+    saved = json.loads((tmp_path / "replay.json").read_text())
+    assert saved["table"].keys() == {"bf16", "int8-acr"} and saved["base_model_hash"]
+    steps = saved["table"]["int8-acr"][0]["steps"]  # the columns can be checked from the committed json
+    assert [s["step"] for s in steps] == [1, 2] and all(s["kl_behav_prox"] is not None for s in steps)

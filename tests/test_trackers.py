@@ -9,10 +9,10 @@ import tomllib
 
 import pytest
 
-from qurl_mini import trackers
+from qurl_mini.infra import trackers
 from qurl_mini.config import parse_args
 from qurl_mini.embedded import build_tiny_model
-from qurl_mini.progress import QUIET_ENV, quiet_third_parties, verbose_requested
+from qurl_mini.infra.progress import QUIET_ENV, quiet_third_parties, verbose_requested
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 NOISE = ("torch.set_num_threads", "Loading safetensors checkpoint shards", "NUMA binding", "LD_PRELOAD",

@@ -26,13 +26,13 @@ def trainer(tmp_path_factory):
 
 def test_logged_kl_behav_prox_is_the_steps_kl_over_all_its_tokens(trainer, monkeypatch):
     seen = []
-    real_update = type(trainer).update
+    real_update = trainer.updater
 
-    def recording_update(self, experience):
+    def recording_update(experience):
         seen.append(experience)
-        return real_update(self, experience)
+        return real_update(experience)
 
-    monkeypatch.setattr(type(trainer), "update", recording_update)
+    monkeypatch.setattr(trainer, "updater", recording_update)
     row = trainer.step(1)
     (exp,) = seen
     # by hand, token by token: k1 = mean log(pi_behav / pi_prox), k3 = mean (rho - 1 - log rho)
@@ -68,20 +68,20 @@ def test_an_update_moves_the_actors_weights_and_the_next_sync_the_engines(traine
                             ref_logp=prox if trainer.reference is not None else None)
     name = "model.layers.0.self_attn.q_proj.weight"
     weight_before = trainer.actor.get_parameter(name).detach().clone()
-    engine_before = trainer._engine_probe_logprobs()
+    engine_before = trainer.probe_sides.engine_logprobs()
 
-    scheduler = trainer.schedulers["actor"]
+    scheduler = trainer.updater.schedulers["actor"]
     scheduler.base_lrs, base_lrs = [1e-2], scheduler.base_lrs  # a step the bf16/INT8 engine cannot miss
     try:
-        trainer.update(experience)
+        trainer.updater(experience)
     finally:
         scheduler.base_lrs = base_lrs
     assert (trainer.actor.get_parameter(name) - weight_before).abs().max() > 0
-    assert torch.equal(trainer._engine_probe_logprobs(), engine_before)  # not synced yet
+    assert torch.equal(trainer.probe_sides.engine_logprobs(), engine_before)  # not synced yet
 
-    quantized, _ = trainer.sync()
-    assert name in quantized
-    engine_after = trainer._engine_probe_logprobs()
+    synced = trainer.engine.sync_weights(trainer.actor)
+    assert name in synced.codes
+    engine_after = trainer.probe_sides.engine_logprobs()
     moved = (engine_after - engine_before).abs().mean().item()
     assert moved > 1e-4
-    assert (engine_after - trainer._actor_probe_logprobs()).abs().mean().item() < moved
+    assert (engine_after - trainer.probe_sides.actor_logprobs()).abs().mean().item() < moved

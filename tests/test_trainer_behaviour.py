@@ -22,16 +22,13 @@ def _tiny_actor():
                                               kv_heads=1)).train()
 
 
-def _bare_trainer(objective: str):
-    """A Trainer with just what `update` uses: the config, a fresh tiny actor and its optimizer (no
-    engine, no data, no reference); one minibatch, no gradient clipping."""
-    from qurl_mini.trainer import Trainer
+def _updater(objective: str):
+    """The trainer's update (`update.Updater`) on a fresh tiny actor (no engine, no data, no reference); one
+    minibatch, no gradient clipping."""
+    from qurl_mini.update import Updater
 
-    trainer = Trainer.__new__(Trainer)
-    trainer.cfg = Config(quant="int8", objective=objective, kl_coef=0.0, minibatches=1, max_grad_norm=1e9)
-    trainer.actor, trainer.reference, trainer.critic = _tiny_actor(), None, None
-    trainer._set_up_optimizers(resume_from=None, state={})
-    return trainer
+    return Updater(Config(quant="int8", objective=objective, kl_coef=0.0, minibatches=1, max_grad_norm=1e9),
+                   _tiny_actor())
 
 
 def _experience(actor, log_rho: float) -> Experience:
@@ -49,11 +46,11 @@ def _experience(actor, log_rho: float) -> Experience:
 
 
 def _update_gradient(objective: str, log_rho: float) -> torch.Tensor:
-    """The actor's gradient after one `Trainer.update` (its minibatch and micro-batch path), flattened."""
-    trainer = _bare_trainer(objective)
-    stats = trainer.update(_experience(trainer.actor, log_rho))
+    """The actor's gradient after one `Updater` call (its minibatch and micro-batch path), flattened."""
+    updater = _updater(objective)
+    stats = updater(_experience(updater.actor, log_rho))
     assert stats["skipped_updates"] == 0
-    return torch.cat([p.grad.flatten() for p in trainer.actor.parameters() if p.grad is not None])
+    return torch.cat([p.grad.flatten() for p in updater.actor.parameters() if p.grad is not None])
 
 
 def test_naive_and_acr_objectives_give_different_gradients_where_rho_is_not_1():
@@ -88,14 +85,14 @@ class ScriptedEngine:
 def _scripted_sampler(problems, responses, **flags):
     """The trainer's rollout (`sampling.GroupSampler`) on a scripted engine and a one-token-per-problem prompt."""
     from qurl_mini.algorithms import ALGORITHMS
-    from qurl_mini.data import PromptSampler
+    from qurl_mini.data import PromptOrder
     from qurl_mini.sampling import GroupSampler
 
     cfg = Config(algo="dapo", prompts_per_step=len(problems), group_size=4, max_new_tokens=8, **flags)
     tokenizer = SimpleNamespace(eos_token_id=0, decode=lambda ids, **_: "".join(map(chr, ids)))
     return GroupSampler(cfg, ALGORITHMS["dapo"], ScriptedEngine(responses), tokenizer,
                         prompts=SimpleNamespace(ids=lambda p: [problems.index(p)]), problems=problems,
-                        order=PromptSampler(len(problems), seed=0))
+                        order=PromptOrder(len(problems), seed=0))
 
 
 def test_dapo_dynamic_sampling_drops_the_all_right_and_all_wrong_groups():
@@ -106,7 +103,7 @@ def test_dapo_dynamic_sampling_drops_the_all_right_and_all_wrong_groups():
                  1: ["#### 2", "#### 9", "#### 9", "#### 9"],  # one right
                  2: ["#### 7", "#### 7", "#### 8", "#### 0"],  # all wrong
                  3: ["#### 4", "#### 4", "#### 4", "#### 3"]}  # three right
-    kept = _scripted_sampler(problems, responses, dapo_max_tries=1)()  # DAPO: with dynamic sampling
+    kept = _scripted_sampler(problems, responses, dapo_max_tries=1).sample()  # DAPO: with dynamic sampling
     assert sorted(kept.problems, key=problems.index) == [problems[1], problems[3]]
     assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 2, "batch_prompts": 2}
     by_question = {p.question: c.tolist() for p, c in zip(kept.problems, kept.correct)}
@@ -116,7 +113,7 @@ def test_dapo_dynamic_sampling_drops_the_all_right_and_all_wrong_groups():
 def test_dapo_drops_an_all_wrong_group_whose_lengths_differ():
     """DAPO filters on accuracy: the all-wrong group's shaped rewards differ (the overlong penalty
     reaches 3 of its 4 responses), yet it carries no answer signal and is dropped; the mixed one stays."""
-    from qurl_mini.data import Problem, PromptSampler
+    from qurl_mini.data import Problem, PromptOrder
     from qurl_mini.sampling import Samples
 
     problems = [Problem("1+1?", "#### 2", 2.0), Problem("2+2?", "#### 4", 4.0)]
@@ -124,14 +121,14 @@ def test_dapo_drops_an_all_wrong_group_whose_lengths_differ():
                  1: ["#### 4", "#### 5", "#### 4", "#### 5"]}  # two right, two wrong
     rollout = _scripted_sampler(problems, responses, overlong_buffer=4, overlong_penalty=1.0, dapo_max_tries=1)
 
-    everything = rollout.sample(2)
+    everything = rollout.draw(2)
     wrong = everything.problems.index(problems[0])
     assert everything.correct[wrong].tolist() == [0, 0, 0, 0]
     # overlong shaping from 4 tokens on, -1 at 8: lengths 6, 7, 8, 5 -> -0.5, -0.75, -1, -0.25
     assert everything.rewards[wrong].tolist() == pytest.approx([-0.5, -0.75, -1.0, -0.25])
 
-    rollout.order = PromptSampler(2, seed=0)  # the same draw again, now through dynamic sampling
-    kept = rollout()
+    rollout.order = PromptOrder(2, seed=0)  # the same draw again, now through dynamic sampling
+    kept = rollout.sample()
     assert isinstance(kept, Samples) and kept.problems == [problems[1]]
     assert kept.stats == {"rollout_rounds": 1, "groups_dropped": 1, "batch_prompts": 1}
     assert kept.correct[0].tolist() == [1, 0, 1, 0]
@@ -143,10 +140,10 @@ def test_a_steps_rho_max_is_the_largest_rho_of_its_tokens_not_a_mean_of_minibatc
     is 7 (a mean of the minibatch maxima would be (7 + 1.25 + 1.25) / 3 = 3.17)."""
     import math
 
-    trainer = _bare_trainer("acr")
-    trainer.cfg.minibatches, trainer.cfg.ppo_epochs = 3, 2
-    experience = _experience(trainer.actor, math.log(1.25))
+    updater = _updater("acr")
+    updater.cfg.minibatches, updater.cfg.ppo_epochs = 3, 2
+    experience = _experience(updater.actor, math.log(1.25))
     first = experience.mask[0].nonzero()[0].item()
     experience.behav_logp[0, first] = experience.prox_logp[0, first] - math.log(7.0)
-    stats = trainer.update(experience)
+    stats = updater(experience)
     assert stats["rho_max"] == pytest.approx(7.0, rel=1e-5)

@@ -1,8 +1,10 @@
 """Can a path from the command line be used? The model-folder and output-path checks of train.py, eval.py and
 quantize.py, in one place; each problem is one line (ModelError, PathError). Light: no torch import."""
 import glob
+import hashlib
 import json
 import os
+
 from .errors import OneLineError
 
 
@@ -125,3 +127,12 @@ def _unreadable_json(path: str) -> str | None:
 
 def first_line(e: BaseException) -> str:
     return (str(e).strip().splitlines() or [type(e).__name__])[0]
+
+
+def file_sha256(path: str) -> str:
+    """The sha256 of a file's bytes (hex), read in 1 MiB blocks."""
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()

@@ -1,8 +1,9 @@
-"""Progress bars (rich), logging set-up and the third parties' output, shared by the scripts."""
+"""Progress bars (rich), phase timers, logging set-up and the third parties' output, shared by the scripts."""
 import argparse
 import contextlib
 import logging
 import os
+import time
 import warnings
 
 from rich.logging import RichHandler
@@ -72,3 +73,16 @@ def progress_bar(description: str, total: int):
                 log.info("%s: %d/%d %s", description, done, total, info)  # logs and CI get lines too
 
         yield advance
+
+
+class Timer:
+    """`with timer("phase"): ...` adds the phase's seconds to timer.times["time_phase"]."""
+
+    def __init__(self):
+        self.times = {}
+
+    @contextlib.contextmanager
+    def __call__(self, name):
+        t0 = time.perf_counter()
+        yield
+        self.times[f"time_{name}"] = self.times.get(f"time_{name}", 0.0) + time.perf_counter() - t0

@@ -94,7 +94,7 @@ def memory_plan(cfg, shape: ModelShape, gpu_gib: float = 80.0, logprob_chunk_tok
         "critic (PPO: backbone copy, trained)": (p - (shape.vocab * shape.hidden if not shape.tied else 0)) * trained / GIB
         if cfg.algo == "ppo" else 0.0,
         "reference (bf16, frozen; none when --kl-coef 0)": p * 2 / GIB if cfg.kl_coef > 0 else 0.0,
-        # quant.WeightUpdateMonitor keeps the last sync's projections for Eq. 13-14: fp32 weights + 1-byte codes
+        # metrics.WeightUpdateMonitor keeps the last sync's projections for Eq. 13-14: fp32 weights + 1-byte codes
         "weight monitor (fp32 copy + codes of each quantized projection; none when --quant none)":
             shape.decoder_linear_params * (4 + 1) / GIB if cfg.quant != "none" else 0.0,
         f"rollout engine ({cfg.quant}; weights + KV cache, --gpu-memory-utilization)": cfg.gpu_memory_utilization * gpu_gib,

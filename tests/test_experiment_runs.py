@@ -1,0 +1,39 @@
+"""The experiment runner (experiments/runs.py) carries a run across a stop: a run stopped part-way resumes from
+its newest checkpoint, keeps the accuracy measured at its start, and drops its checkpoints once finished."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from qurl_mini.embedded import build_tiny_model
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, os.path.join(REPO, "experiments"))
+import runs  # noqa: E402
+
+
+@pytest.mark.slow
+def test_a_run_stopped_part_way_resumes_from_its_checkpoint_with_its_start_accuracy(tmp_path):
+    tiny = build_tiny_model(str(tmp_path / "tiny"), layers=1, hidden=64, heads=2, kv_heads=1)
+    data = tmp_path / "d.jsonl"
+    data.write_text("".join(json.dumps({"question": f"{i}+1?", "answer": f"#### {i + 1}"}) + "\n" for i in range(40)))
+    flags = ["--model", tiny, "--data", str(data), "--quant", "int8", "--prompts-per-step", "4", "--group-size", "2",
+             "--max-new-tokens", "6", "--eval-size", "8", "--eval-every", "0", "--save-every", "1"]
+    out, logs = tmp_path / "work", str(tmp_path / "work" / "logs")
+    run_dir = out / "runs" / "r"
+    # a run stopped after its first step: its step-1 checkpoint is there, no summary
+    subprocess.run([sys.executable, os.path.join(REPO, "train.py"), "--out-dir", str(out / "runs"), "--run-name", "r",
+                    *flags, "--steps", "1"], cwd=REPO, check=True, capture_output=True)
+    start = json.loads((run_dir / "summary.json").read_text())["initial_test_accuracy"]
+    (run_dir / "summary.json").unlink()
+    assert (run_dir / "checkpoints" / "step-000001" / "COMPLETE").exists()
+
+    assert runs.run(str(out), "r", flags + ["--steps", "2"], logs) == str(run_dir)
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert [json.loads(line)["step"] for line in open(run_dir / "metrics.jsonl")] == [1, 2]  # before and after
+    assert summary["initial_test_accuracy"] == start  # measured at the start, carried by the checkpoint
+    assert "resumed from" in open(os.path.join(logs, "r.log")).read()
+    assert not (run_dir / "checkpoints").exists()  # a finished run's resume points go; its final model stays
+    assert (run_dir / "final" / "model.safetensors").exists()
