@@ -82,12 +82,14 @@ def report(out: str, stats: dict, smoke: bool) -> None:
              "| row | final greedy accuracy (mean ± sd) | seeds | median KL(behav‖prox) k3 | max rho | rho > C | "
              "minutes / run | trained on |", "|---|---|---|---|---|---|---|---|"]
     for row, s in stats.items():
-        lines.append(f"| {LABELS[row]} | {100 * s['mean']:.1f} ± {100 * s['sd']:.1f} | "
+        spread = f" ± {100 * s['sd']:.1f}" if len(s['final']) > 1 else " (one seed)"
+        lines.append(f"| {LABELS[row]} | {100 * s['mean']:.1f}{spread} | "
                      f"{', '.join(f'{100 * f:.0f}' for f in s['final'])} | {s['kl_k3_median']:.1e} | "
                      f"{s['rho_max']:.2f} | {100 * s['rho_over_cap_frac']:.2f}% | {s['minutes']:.0f} | "
                      f"{'; '.join(s['machines'])} |")
-    lines += ["", "Minutes / run: the steps' wall time as the runs ran, two at a time beside other work on 2 cores (not "
-              "a benchmark: docs/real-model.md times a step alone). `--save-every` only sets the resume points.", "",
+    lines += ["", "Minutes / run: the steps' wall time as the runs ran on a shared 2-core machine (alone on both "
+              "cores, or pinned to one core beside another run): not a benchmark (docs/real-model.md times a "
+              "step alone). `--save-every` only sets the resume points.", "",
               "Curves: [table1.png](table1.png) (greedy accuracy, KL(behav‖prox), max rho and clip shares per "
               "step, mean over seeds)."]
     with open(out + ".md", "w") as f:
