@@ -108,9 +108,10 @@ def plot(out: str, runs: dict) -> None:
     for row, rs in runs.items():
         if not rs:
             continue
+        label = f"{LABELS[row]} ({len(rs)} seed{'' if len(rs) == 1 else 's'})"
         for ax, (title, key) in zip(axes, panels):
             xs, ys = test_accuracy_curve(rs) if key is None else series(rs, key)
-            ax.plot(xs, ys, "o-" if key is None else "-", label=f"{LABELS[row]} ({len(rs)} seeds)", lw=1.2, ms=3)
+            ax.plot(xs, ys, "o-" if key is None else "-", label=label, lw=1.2, ms=3)
             ax.set_title(title, fontsize=9)
             ax.set_xlabel("step")
     axes[1].set_yscale("log")
