@@ -48,7 +48,8 @@ def summarise(runs: list[dict]) -> dict:
     finals = [r["summary"]["final_test_accuracy"] for r in runs]
     mean, sd = mean_sd(finals)
     kl = [m["kl_behav_prox_k3"] for r in runs for m in r["metrics"]]
-    return {"final": finals, "mean": mean, "sd": sd,
+    return {"final": finals, "mean": mean, "sd": sd, "seed": [r["summary"]["config"]["seed"] for r in runs],
+            "machine": [r["summary"].get("machine", "?") for r in runs],  # per run, as "final"
             "initial": sorted({r["summary"]["initial_test_accuracy"] for r in runs}),
             "base_hash": sorted({r["summary"].get("base_model_hash") for r in runs}, key=str),
             "kl_k3_median": statistics.median(kl), "rho_max": max(m.get("rho_max_step", 0) for r in runs for m in r["metrics"]),
@@ -79,15 +80,19 @@ def report(out: str, stats: dict, smoke: bool) -> None:
              "Settings, the same for every row: " + " ".join(f"`{k} {v}`" for k, v in SETTINGS.items()) +
              (" (smoke: " + " ".join(f"`{k} {v}`" for k, v in SMOKE.items()) + ")" if smoke else "") +
              f"; seeds {SEEDS}.", "",
-             "| row | final greedy accuracy (mean ± sd) | seeds | median KL(behav‖prox) k3 | max rho | rho > C | "
-             "minutes / run | trained on |", "|---|---|---|---|---|---|---|---|"]
+             "| row | final greedy accuracy (mean ± sd) | per seed: final (machine) | median KL(behav‖prox) k3 | "
+             "max rho | rho > C | minutes / run |", "|---|---|---|---|---|---|---|"]
+    # the CPU a run came from changes vLLM's INT8 kernel (sgl on AVX-512, oneDNN on AVX2): each run names it
+    machines = sorted({m for s in stats.values() for m in s["machine"]})
+    tag = {m: "abcdefgh"[i] for i, m in enumerate(machines)}
     for row, s in stats.items():
         spread = f" ± {100 * s['sd']:.1f}" if len(s['final']) > 1 else " (one seed)"
-        lines.append(f"| {LABELS[row]} | {100 * s['mean']:.1f}{spread} | "
-                     f"{', '.join(f'{100 * f:.0f}' for f in s['final'])} | {s['kl_k3_median']:.1e} | "
-                     f"{s['rho_max']:.2f} | {100 * s['rho_over_cap_frac']:.2f}% | {s['minutes']:.0f} | "
-                     f"{'; '.join(s['machines'])} |")
-    lines += ["", "Minutes / run: the steps' wall time as the runs ran on a shared 2-core machine (alone on both "
+        per_seed = ", ".join(f"s{seed}: {100 * f:.0f} ({tag[m]})" for seed, f, m in zip(s["seed"], s["final"], s["machine"]))
+        lines.append(f"| {LABELS[row]} | {100 * s['mean']:.1f}{spread} | {per_seed} | {s['kl_k3_median']:.1e} | "
+                     f"{s['rho_max']:.2f} | {100 * s['rho_over_cap_frac']:.2f}% | {s['minutes']:.0f} |")
+    lines += ["", "Machines: " + "; ".join(f"({tag[m]}) {m}" for m in machines) + "." +
+              (" The INT8 kernel differs between them, so a row's spread mixes seed and machine." if len(machines) > 1
+               else ""), "", "Minutes / run: the steps' wall time as the runs ran on a shared 2-core machine (alone on both "
               "cores, or pinned to one core beside another run): not a benchmark (docs/real-model.md times a "
               "step alone). `--save-every` only sets the resume points.", "",
               "Curves: [table1.png](table1.png) (greedy accuracy, KL(behav‖prox), max rho and clip shares per "
