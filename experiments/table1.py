@@ -54,7 +54,6 @@ def summarise(runs: list[dict]) -> dict:
             "base_hash": sorted({r["summary"].get("base_model_hash") for r in runs}, key=str),
             "kl_k3_median": statistics.median(kl), "rho_max": max(m.get("rho_max_step", 0) for r in runs for m in r["metrics"]),
             "rho_over_cap_frac": statistics.mean(m.get("rho_over_cap_frac", 0) for r in runs for m in r["metrics"]),
-            "machines": sorted({r["summary"].get("machine", "?") for r in runs}),
             "minutes": statistics.mean(sum(m["time_step"] for m in r["metrics"]) / 60 for r in runs)}
 
 
@@ -84,7 +83,7 @@ def report(out: str, stats: dict, smoke: bool) -> None:
              "max rho | rho > C | minutes / run |", "|---|---|---|---|---|---|---|"]
     # the CPU a run came from changes vLLM's INT8 kernel (sgl on AVX-512, oneDNN on AVX2): each run names it
     machines = sorted({m for s in stats.values() for m in s["machine"]})
-    tag = {m: "abcdefgh"[i] for i, m in enumerate(machines)}
+    tag = {m: chr(ord("a") + i) for i, m in enumerate(machines)}
     for row, s in stats.items():
         spread = f" ± {100 * s['sd']:.1f}" if len(s['final']) > 1 else " (one seed)"
         per_seed = ", ".join(f"s{seed}: {100 * f:.0f} ({tag[m]})" for seed, f, m in zip(s["seed"], s["final"], s["machine"]))
