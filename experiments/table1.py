@@ -95,12 +95,14 @@ def report(out: str, stats: dict, smoke: bool) -> None:
               "cores, or pinned to one core beside another run): not a benchmark (docs/real-model.md times a "
               "step alone). `--save-every` only sets the resume points.", "",
               "Curves: [table1.png](table1.png) (greedy accuracy, KL(behav‖prox), max rho and clip shares per "
-              "step, mean over seeds)."]
+              "step, one line per run: colour = row, line style = machine)."]
     with open(out + ".md", "w") as f:
         f.write("\n".join(lines) + "\n")
 
 
 def plot(out: str, runs: dict) -> None:
+    """One line per run, not a mean over seeds: the INT8 kernel, so the mismatch, depends on the run's CPU.
+    Colour = row, line style = machine (the tags of the table)."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -108,18 +110,23 @@ def plot(out: str, runs: dict) -> None:
 
     panels = [("greedy test accuracy", None), ("KL(behav||prox) k3", "kl_behav_prox_k3"), ("max rho", "rho_max_step"),
               ("clip share (upper)", "clip_frac")]
-    fig, axes = plt.subplots(1, len(panels), figsize=(16, 3.6))
-    for row, rs in runs.items():
-        if not rs:
-            continue
-        label = f"{LABELS[row]} ({len(rs)} seed{'' if len(rs) == 1 else 's'})"
-        for ax, (title, key) in zip(axes, panels):
-            xs, ys = test_accuracy_curve(rs) if key is None else series(rs, key)
-            ax.plot(xs, ys, "o-" if key is None else "-", label=label, lw=1.2, ms=3)
-            ax.set_title(title, fontsize=9)
-            ax.set_xlabel("step")
+    machines = sorted({r["summary"].get("machine", "?") for rs in runs.values() for r in rs})
+    styles = {m: ["-", "--", ":", "-."][i % 4] for i, m in enumerate(machines)}
+    fig, axes = plt.subplots(1, len(panels), figsize=(16, 3.8))
+    for colour, (row, rs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
+        for i, r in enumerate(rs):
+            machine = r["summary"].get("machine", "?")
+            label = (f"{LABELS[row]}" if i == 0 else None)
+            for ax, (title, key) in zip(axes, panels):
+                xs, ys = test_accuracy_curve([r]) if key is None else series([r], key)
+                ax.plot(xs, ys, styles[machine], marker="o" if key is None else None, color=colour, label=label,
+                        lw=1.0, ms=3, alpha=0.85)
+                ax.set_title(title, fontsize=9)
+                ax.set_xlabel("step")
+    for m in machines:  # the line-style key
+        axes[0].plot([], [], styles[m], color="grey", label=f"({chr(ord('a') + machines.index(m))}) {m.split(' (')[0]}")
     axes[1].set_yscale("log")
-    axes[0].legend(fontsize=7)
+    axes[0].legend(fontsize=6)
     fig.tight_layout()
     fig.savefig(out + ".png", dpi=100)
 
