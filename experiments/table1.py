@@ -68,6 +68,11 @@ def verdict(stats: dict) -> str:
             f"(by the rule below).")
 
 
+def machine_tags(machines) -> dict:
+    """(a), (b), ... for each CPU the runs came from: the table and the plot's line styles use the same tags."""
+    return {m: chr(ord("a") + i) for i, m in enumerate(sorted(set(machines)))}
+
+
 def report(out: str, stats: dict, smoke: bool) -> None:
     bases = sorted({h for s in stats.values() for h in s["base_hash"]}, key=str)
     starts = sorted({a for s in stats.values() for a in s["initial"]})
@@ -82,15 +87,14 @@ def report(out: str, stats: dict, smoke: bool) -> None:
              "| row | final greedy accuracy (mean ± sd) | per seed: final (machine) | median KL(behav‖prox) k3 | "
              "max rho | rho > C | minutes / run |", "|---|---|---|---|---|---|---|"]
     # the CPU a run came from changes vLLM's INT8 kernel (sgl on AVX-512, oneDNN on AVX2): each run names it
-    machines = sorted({m for s in stats.values() for m in s["machine"]})
-    tag = {m: chr(ord("a") + i) for i, m in enumerate(machines)}
+    tag = machine_tags(m for s in stats.values() for m in s["machine"])
     for row, s in stats.items():
         spread = f" ± {100 * s['sd']:.1f}" if len(s['final']) > 1 else " (one seed)"
         per_seed = ", ".join(f"s{seed}: {100 * f:.0f} ({tag[m]})" for seed, f, m in zip(s["seed"], s["final"], s["machine"]))
         lines.append(f"| {LABELS[row]} | {100 * s['mean']:.1f}{spread} | {per_seed} | {s['kl_k3_median']:.1e} | "
                      f"{s['rho_max']:.2f} | {100 * s['rho_over_cap_frac']:.2f}% | {s['minutes']:.0f} |")
-    lines += ["", "Machines: " + "; ".join(f"({tag[m]}) {m}" for m in machines) + "." +
-              (" The INT8 kernel differs between them, so a row's spread mixes seed and machine." if len(machines) > 1
+    lines += ["", "Machines: " + "; ".join(f"({t}) {m}" for m, t in tag.items()) + "." +
+              (" The INT8 kernel differs between them, so a row's spread mixes seed and machine." if len(tag) > 1
                else ""), "", "Minutes / run: the steps' wall time as the runs ran on a shared 2-core machine (alone on both "
               "cores, or pinned to one core beside another run): not a benchmark (docs/real-model.md times a "
               "step alone). `--save-every` only sets the resume points.", "",
@@ -110,21 +114,21 @@ def plot(out: str, runs: dict) -> None:
 
     panels = [("greedy test accuracy", None), ("KL(behav||prox) k3", "kl_behav_prox_k3"), ("max rho", "rho_max_step"),
               ("clip share (upper)", "clip_frac")]
-    machines = sorted({r["summary"].get("machine", "?") for rs in runs.values() for r in rs})
-    styles = {m: ["-", "--", ":", "-."][i % 4] for i, m in enumerate(machines)}
+    tag = machine_tags(r["summary"].get("machine", "?") for rs in runs.values() for r in rs)
+    styles = {m: ["-", "--", ":", "-."][i % 4] for i, m in enumerate(tag)}
     fig, axes = plt.subplots(1, len(panels), figsize=(16, 3.8))
+    for ax, (title, _) in zip(axes, panels):
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("step")
     for colour, (row, rs) in zip(plt.rcParams["axes.prop_cycle"].by_key()["color"], runs.items()):
         for i, r in enumerate(rs):
-            machine = r["summary"].get("machine", "?")
-            label = (f"{LABELS[row]}" if i == 0 else None)
-            for ax, (title, key) in zip(axes, panels):
+            style = styles[r["summary"].get("machine", "?")]
+            for ax, (_, key) in zip(axes, panels):
                 xs, ys = test_accuracy_curve([r]) if key is None else series([r], key)
-                ax.plot(xs, ys, styles[machine], marker="o" if key is None else None, color=colour, label=label,
-                        lw=1.0, ms=3, alpha=0.85)
-                ax.set_title(title, fontsize=9)
-                ax.set_xlabel("step")
-    for m in machines:  # the line-style key
-        axes[0].plot([], [], styles[m], color="grey", label=f"({chr(ord('a') + machines.index(m))}) {m.split(' (')[0]}")
+                ax.plot(xs, ys, style, marker="o" if key is None else None, color=colour,
+                        label=LABELS[row] if i == 0 else None, lw=1.0, ms=3, alpha=0.85)
+    for m, t in tag.items():  # the line-style key
+        axes[0].plot([], [], styles[m], color="grey", label=f"({t}) {m.split(' (')[0]}")
     axes[1].set_yscale("log")
     axes[0].legend(fontsize=6)
     fig.tight_layout()
