@@ -30,7 +30,7 @@ from qurl_mini.infra.paths import ModelError, check_model_dir, check_output_file
 
 TRAIN_FLAGS = {f.name: f for f in fields(Config)}
 CHECKED_AS_IN_TRAIN = ("data", "eval_size", "max_new_tokens", "prompt_format", "max_prompt_tokens", "max_number", "quant",
-                       "quant_group", "engine_dtype", "kv_cache_gib", "gpu_memory_utilization")
+                       "quant_group", "engine_dtype", "kv_cache_gib", "gpu_memory_utilization", "enforce_eager")
 
 
 def _as_in_train(name: str, **override):
@@ -48,7 +48,7 @@ class EvalConfig:
     data: TRAIN_FLAGS["data"].type = _as_in_train("data")
     test_data: TRAIN_FLAGS["test_data"].type = _as_in_train("test_data")
     eval_size: int = _as_in_train("eval_size", help="held-out problems (GSM8K's test set has 1319)")
-    max_new_tokens: int = _as_in_train("max_new_tokens")
+    max_new_tokens: Optional[int] = _as_in_train("max_new_tokens")
     prompt_format: TRAIN_FLAGS["prompt_format"].type = _as_in_train("prompt_format")
     max_prompt_tokens: Optional[int] = _as_in_train("max_prompt_tokens")
     max_number: int = _as_in_train("max_number")
@@ -63,13 +63,15 @@ class EvalConfig:
     kv_cache_gib: int = _as_in_train("kv_cache_gib")
     gpu_memory_utilization: float = _as_in_train("gpu_memory_utilization", default=0.85, help="CUDA engine memory "
                                                  "share (nothing else lives on the GPU during evaluation)")
+    enforce_eager: bool = _as_in_train("enforce_eager")
     cache_dir: str = _as_in_train("cache_dir")
     show: int = flag(3, "example responses to print (and save) per model")
     out: Optional[str] = flag(None, "write the results as JSON here")
     verbose: bool = _as_in_train("verbose")
 
     def __post_init__(self):
-        Config(**{name: getattr(self, name) for name in CHECKED_AS_IN_TRAIN})  # checked as train.py checks them
+        checked = Config(**{name: getattr(self, name) for name in CHECKED_AS_IN_TRAIN})  # as train.py checks them
+        self.max_new_tokens = checked.max_new_tokens  # unset: the task's default, as in train.py
         for name in ("k", "batch_size"):
             need(getattr(self, name) >= 1, f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
         need(self.show >= 0, f"--show must be >= 0, got {self.show}")

@@ -18,6 +18,8 @@ def dry_run_report(cfg) -> str:
     from qurl_mini.infra.memory import memory_plan, model_shape
 
     lines = ["resolved config:", json.dumps(cfg.to_dict(), indent=1)]
+    if cfg.defaults_note():
+        lines.append(cfg.defaults_note())
     shape = model_shape(cfg.model)
     if shape is None:
         lines.append(f"memory estimate: unknown shape for --model {cfg.model} (not a local folder or a known hub id)")

@@ -13,6 +13,11 @@ from .infra.trackers import TRACKERS, not_installed
 from .infra.errors import OneLineError
 
 BASE_DEFAULTS = dict(clip_low=0.2, clip_high=0.2, kl_coef=1e-3, loss_agg="seq-mean-token-mean")
+# Defaults that follow the task, for flags left unset (a preset or a flag given wins). The synthetic task keeps the
+# toy's values; real problems (GSM8K, any file) get room for a chat model's worked answer and the paper's lr range
+# for full fine-tuning (1e-6 .. 1e-5). The prompt format needs no entry: 'auto' is chat where the tokenizer has a template.
+TASK_DEFAULTS = {"synthetic task": dict(max_new_tokens=24, lr=1e-4),
+                 "real problems": dict(max_new_tokens=512, lr=1e-6)}
 
 
 class ConfigError(OneLineError, ValueError):
@@ -63,9 +68,11 @@ class Config:
     prompts_per_step: int = flag(32, "prompts per rollout batch")
     group_size: int = flag(8, "responses sampled per prompt (G)")
     temperature: float = flag(1.0, "sampling temperature of the rollout")
-    max_new_tokens: int = flag(24, "longest response (tokens)")
+    max_new_tokens: Optional[int] = flag(None, "longest response (tokens); default per task: 24 on the synthetic task, "
+                                             "512 on real problems (--data gsm8k or a file)")
     # update
-    lr: float = flag(1e-4, "actor learning rate (AdamW, constant after a short warm-up)")
+    lr: Optional[float] = flag(None, "actor learning rate (AdamW, constant after a short warm-up); default per task: "
+                                     "1e-4 on the synthetic task, 1e-6 on real problems")
     minibatches: int = flag(4, "optimizer steps per rollout batch (the batch is split this many ways)")
     ppo_epochs: int = flag(1, "passes over each rollout batch")
     micro_batch_size: int = flag(64, "sequences per forward/backward (gradient accumulation)")
@@ -120,6 +127,8 @@ class Config:
                 "else float32 (CPUs with AVX2 only emulate bf16)")
     kv_cache_gib: int = flag(1, "CPU engine KV cache (GiB, whole number)")
     gpu_memory_utilization: float = flag(0.3, "CUDA engine memory share (the actor needs the rest)")
+    enforce_eager: bool = flag(False, "CUDA: run the vLLM engines eagerly, without CUDA graphs and torch.compile "
+                                      "(a debugging opt-in, several times slower rollout; CPU engines always run eagerly)")
     # watching the run
     report_to: list[str] = field(default_factory=lambda: ["none"], metadata={"help": (
         f"experiment trackers, one or more of {tuple(TRACKERS)} (or none): the per-step metrics, test accuracy, "
@@ -134,6 +143,11 @@ class Config:
         for name, default in {**BASE_DEFAULTS, **algo_defaults}.items():  # flags left unset
             if getattr(self, name) is None:
                 setattr(self, name, default)
+        self.task = "synthetic task" if self.data == "synthetic" else "real problems"
+        self.task_defaults = {name: default for name, default in TASK_DEFAULTS[self.task].items()
+                              if getattr(self, name) is None}  # what the console names (`defaults_note`)
+        for name, default in self.task_defaults.items():
+            setattr(self, name, default)
         if self.teacher_slip is None and self.data == "synthetic":
             self.teacher_slip = 0.55
         if isinstance(self.report_to, str):  # a preset's "report_to": "tensorboard"
@@ -200,6 +214,14 @@ class Config:
 
 
 PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
+
+    def defaults_note(self) -> str | None:
+        """One line naming the task defaults this run took and why (None where every one was given)."""
+        if not self.task_defaults:
+            return None
+        chosen = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in self.task_defaults.items())
+        why = "" if self.task == "synthetic task" else f" (--data {self.data})"
+        return f"{self.task}{why}: {chosen} (task defaults; pass the flags to change them)"
 
 
 def presets() -> list[str]:

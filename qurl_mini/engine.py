@@ -51,6 +51,10 @@ class Platform:
         if engine_format == "int8" and dtype == "float32" and self.int8_needs_bf16:
             raise quant.QuantError("--quant int8 with --engine-dtype float32: on this CPU (AMX) vLLM's INT8 kernel "
                                    "takes bf16 activations only; use --engine-dtype auto or bfloat16")
+        if engine_format in ("int8", "fp8") and dtype == "float32" and self.cuda:  # cutlass_scaled_mm asserts it
+            raise quant.QuantError(f"--quant {engine_format} with --engine-dtype float32: vLLM's W8A8 kernels on CUDA "
+                                   f"(cutlass_scaled_mm) take bf16 or fp16 activations only; use --engine-dtype auto "
+                                   f"or bfloat16")
 
     def engine_format(self, quant_fmt: str) -> str:
         """What the engine really runs: 'bf16' (unquantized, any dtype), 'int8', 'fp8', or an
@@ -95,9 +99,13 @@ class EngineError(OneLineError, RuntimeError):
 
 
 def llm_kwargs(model_dir: str, platform: Platform, *, dtype: str, seed: int, max_model_len: int,
-               gpu_memory_utilization: float = 0.3, sleep_mode: bool = False) -> dict:
-    """The keywords of `vllm.LLM(...)` for one engine (sleep mode only where asked and on CUDA)."""
-    kwargs = dict(model=model_dir, dtype=dtype, seed=seed, enforce_eager=True,
+               gpu_memory_utilization: float = 0.3, sleep_mode: bool = False, enforce_eager: bool = False) -> dict:
+    """The keywords of `vllm.LLM(...)` for one engine (sleep mode only where asked and on CUDA).
+    CUDA engines run with vLLM's default compilation (torch.compile + CUDA graphs; eager decode at these sizes is
+    bound by kernel launches) unless enforce_eager (--enforce-eager, for debugging). The in-place weight reload
+    copies into the original storage and sleep level 1 remaps the graph pool at its old addresses, so captured
+    graphs stay valid (vLLM 0.32's source; docs/platforms.md). CPU engines always run eagerly, as measured here."""
+    kwargs = dict(model=model_dir, dtype=dtype, seed=seed, enforce_eager=enforce_eager or not platform.cuda,
                   max_model_len=max_model_len, logprobs_mode="processed_logprobs",
                   # its "Loading safetensors checkpoint shards" bar goes with its warnings (progress.py)
                   use_tqdm_on_load=logging.getLogger("vllm").isEnabledFor(logging.WARNING))
@@ -118,9 +126,10 @@ class Rollout:
 class RolloutEngine:
     def __init__(self, model_dir: str, *, engine_format: str, platform: Platform, seed: int,
                  max_model_len: int, dtype: str = "auto", kv_cache_gib: int = 1, gpu_memory_utilization: float = 0.3,
-                 quant_group: int | None = None, sleep_mode: bool = False):
+                 quant_group: int | None = None, sleep_mode: bool = False, enforce_eager: bool = False):
         """sleep_mode: the training engine's (CUDA: weights offloaded during the update). vLLM allows one
-        sleep-mode engine per process (its cumem allocator), so engines for evaluation and checks go without."""
+        sleep-mode engine per process (its cumem allocator), so engines for evaluation and checks go without.
+        enforce_eager: CUDA without CUDA graphs / torch.compile (--enforce-eager; CPU engines are always eager)."""
         from vllm import LLM
 
         if os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] != "0":  # weight sync passes tensors by reference
@@ -131,7 +140,8 @@ class RolloutEngine:
         self.dtype = platform.engine_dtype(dtype)
         platform.check_engine_dtype(engine_format, self.dtype)
         kwargs = llm_kwargs(model_dir, platform, dtype=self.dtype, seed=seed, max_model_len=max_model_len,
-                            gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode)
+                            gpu_memory_utilization=gpu_memory_utilization, sleep_mode=sleep_mode,
+                            enforce_eager=enforce_eager)
         if not platform.cuda:  # the CPU engine would otherwise reserve almost all RAM for its KV cache
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
         self.llm = LLM(**kwargs)

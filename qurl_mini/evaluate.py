@@ -181,7 +181,7 @@ def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> di
     engine = start_engine(actor, tokenizer, problems, cfg.max_new_tokens, quant_fmt=cfg.quant,
                           quant_group=cfg.quant_group, dtype=cfg.engine_dtype, seed=cfg.seed, platform=platform,
                           prompts=prompts, kv_cache_gib=cfg.kv_cache_gib,
-                          gpu_memory_utilization=cfg.gpu_memory_utilization)
+                          gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager)
     del actor  # the engine holds its own copy
     gc.collect()
     times = {"load_and_start_engine": round(time.time() - t0, 2)}

@@ -33,6 +33,44 @@ class MetricsLog:
             os.fsync(f.fileno())
 
 
+SIGNAL_STEPS = 3  # steps in a row without learning signal before a run says so
+
+
+class SignalWatch:
+    """Says once per run, in one line with the fix, that a run cannot learn: every response scored 0 (or every
+    one 1: no group has an advantage) for SIGNAL_STEPS steps in a row, or most of their responses (> 50%) were
+    cut off at --max-new-tokens before their answer."""
+
+    def __init__(self, max_new_tokens: int, warned: bool = False):
+        self.max_new_tokens, self.warned = max_new_tokens, warned  # warned: carried by a resumed run's checkpoint
+        self.recent = []  # (step, accuracy, truncated share) of the last SIGNAL_STEPS steps
+
+    def observe(self, step: int, accuracy: float, truncated_share: float) -> None:
+        self.recent = (self.recent + [(step, accuracy, truncated_share)])[-SIGNAL_STEPS:]
+        message = self.problem() if len(self.recent) == SIGNAL_STEPS and not self.warned else None
+        if message:
+            log.warning(message)
+            self.warned = True
+
+    def problem(self) -> str | None:
+        """One line: what is wrong over the recent steps and the fix; None when the run has signal."""
+        steps = f"steps {self.recent[0][0]}-{self.recent[-1][0]}"
+        accuracies = {accuracy for _, accuracy, _ in self.recent}
+        truncated = sum(share for _, _, share in self.recent) / len(self.recent)
+        cut = (f"{truncated:.0%} of the responses hit --max-new-tokens {self.max_new_tokens}, cut off before their "
+               f"'####' answer")
+        if accuracies == {0.0} and truncated > 0.5:
+            return f"{steps}: every response scored 0 and {cut}: nothing to learn from; raise --max-new-tokens"
+        if accuracies == {0.0}:
+            return (f"{steps}: every response scored 0 (no group has an advantage): nothing to learn from; start "
+                    f"easier (an instruct or warm-started model, easier problems) or lower --lr")
+        if accuracies == {1.0}:
+            return f"{steps}: every response scored 1 (no group has an advantage): nothing left to learn; use harder problems"
+        if truncated > 0.5:
+            return f"{steps}: {cut}; raise --max-new-tokens"
+        return None
+
+
 def read_metrics(path: str, warn: bool = False) -> list[dict]:
     """The rows; a line that is not JSON (a write cut short) is left out."""
     rows, torn = [], []

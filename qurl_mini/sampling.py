@@ -33,6 +33,15 @@ class Samples:
     def rollouts(self) -> list:
         return [r for g in self.groups for r in g]
 
+    def signal_stats(self) -> dict:
+        """The shares a run's learning signal is judged on (metrics.SignalWatch): responses cut off at
+        --max-new-tokens, and (G >= 2) groups whose rewards are all equal: zero group-normalized advantage."""
+        rollouts = self.rollouts()
+        stats = {"truncated_share": sum(r.truncated for r in rollouts) / max(1, len(rollouts))}
+        if self.groups and len(self.groups[0]) >= 2:
+            stats["zero_advantage_groups"] = sum(bool((r == r[0]).all()) for r in self.rewards) / len(self.rewards)
+        return stats
+
 
 @dataclass
 class GroupSampler:

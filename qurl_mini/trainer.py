@@ -34,7 +34,7 @@ from .infra.run_lock import RunLock
 from .infra.signals import stop_point
 from .infra.trackers import Trackers
 from .loss import sampler_mismatch
-from .metrics import MetricsLog, WeightUpdateMonitor, plot_metrics
+from .metrics import MetricsLog, SignalWatch, WeightUpdateMonitor, plot_metrics
 from .named_models import is_named, weights_hash
 from .prompts import PromptBuilder
 from .sampling import GroupSampler
@@ -84,6 +84,8 @@ class Trainer:
     def _set_up(self, cfg: Config) -> None:
         """Each step takes what the one before it made."""
         self.algorithm = ALGORITHMS[cfg.algo]  # the one place that looks at --algo
+        if cfg.defaults_note():
+            log.info("%s", cfg.defaults_note())
         self.platform = Platform.detect()
         resume_from = checkpoint.find_resume(cfg.resume, self.run_dir)
         state = checkpoint.load_trainer_state(resume_from) if resume_from else {}
@@ -101,6 +103,7 @@ class Trainer:
         self.start_step = state.get("step", 0)
         self.prompt_order = PromptOrder(len(self.train_problems), cfg.seed, cursor=state.get("data_cursor", 0))
         self.mismatch_warned = state.get("mismatch_warned", False)
+        self.signal_watch = SignalWatch(cfg.max_new_tokens, warned=state.get("signal_warned", False))
         self.initial_test_accuracy = state.get("initial_test_accuracy")  # a resumed run's, measured at its start
         stop_point()  # a SIGINT/SIGTERM while loading: stop before anything is written, and the engine's start
         self.metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"),
@@ -160,7 +163,8 @@ class Trainer:
             self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, quant_group=cfg.quant_group,
             platform=self.platform, seed=cfg.seed, max_model_len=max_len, dtype=cfg.engine_dtype,
             kv_cache_gib=cfg.kv_cache_gib, gpu_memory_utilization=cfg.gpu_memory_utilization,
-            sleep_mode=True)  # the one engine of this process that sleeps during the update (CUDA)
+            sleep_mode=True,  # the one engine of this process that sleeps during the update (CUDA)
+            enforce_eager=cfg.enforce_eager)
 
     def _calibrated_probe(self, problem):
         """The sync probe on a training prompt + its reference answer, calibrated on the fresh engine."""
@@ -256,9 +260,11 @@ class Trainer:
         sync_stats.update(self.probe.after_sync(step, self.probe_sides.engine_logprobs, self.probe_sides.actor_logprobs))
 
         mismatch = self._check_mismatch(behav_logp, prox_logp, mask)
+        accuracy, signal = torch.cat(samples.correct).mean().item(), samples.signal_stats()
+        self.signal_watch.observe(step, accuracy, signal["truncated_share"])  # warns once if it cannot learn
         return {
-            "step": step, "reward_mean": rewards.mean().item(), "accuracy": torch.cat(samples.correct).mean().item(),
-            "response_len": mask.sum(-1).mean().item(), **samples.stats, **update_stats,
+            "step": step, "reward_mean": rewards.mean().item(), "accuracy": accuracy,
+            "response_len": mask.sum(-1).mean().item(), **signal, **samples.stats, **update_stats,
             **mismatch,  # over the step's tokens (k1 and k3 KL, rho's extremes), not minibatch averages
             **sync_stats, "time_quantize": synced.seconds_quantize, **timer.times,
             "time_step": sum(timer.times.values()), "data_cursor": self.prompt_order.cursor,
@@ -279,6 +285,7 @@ class Trainer:
             self.run_dir, step, actor=self.actor, tokenizer=self.tokenizer, critic=self.critic,
             optimizers=self.updater.optimizers, schedulers=self.updater.schedulers, keep=self.cfg.keep,
             trainer_state={"data_cursor": self.prompt_order.cursor, "bad_steps": self.updater.bad_steps,
-                           "mismatch_warned": self.mismatch_warned, "uaq_scale": self.cfg.uaq_scale,
+                           "mismatch_warned": self.mismatch_warned, "signal_warned": self.signal_watch.warned,
+                           "uaq_scale": self.cfg.uaq_scale,
                            "initial_test_accuracy": self.initial_test_accuracy,
                            "config": self.cfg.to_dict(), "base_model": self.base_model})

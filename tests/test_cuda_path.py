@@ -1,7 +1,10 @@
-"""The one-GPU path, checked without a GPU: the driver check, and sleep mode only for the training engine."""
+"""The one-GPU path, checked without a GPU: the driver check, sleep mode only for the training engine, CUDA graphs
+on by default, and the dtype W8A8 kernels need."""
 import os
 import subprocess
 import sys
+
+import pytest
 
 from qurl_mini.engine import Platform, llm_kwargs
 
@@ -53,3 +56,32 @@ def test_only_the_training_engine_asks_vllm_for_sleep_mode():
     assert trainer.count("sleep_mode=True") == 1
     for path in ("qurl_mini/evaluate.py", "quantize.py", "benchmarks/bench_rollout.py", "benchmarks/bench_batch.py"):
         assert "sleep_mode=True" not in open(os.path.join(REPO, path)).read(), path
+
+
+def test_cuda_engines_run_with_cuda_graphs_unless_enforce_eager_and_cpu_engines_stay_eager():
+    """vLLM's default compilation (CUDA graphs, torch.compile) on CUDA; --enforce-eager reaches every engine."""
+    cuda, cpu = Platform(cuda=True, fp8_kernel=True), Platform(cuda=False, fp8_kernel=False)
+    common = dict(dtype="bfloat16", seed=0, max_model_len=512)
+    assert llm_kwargs("m", cuda, **common, sleep_mode=True)["enforce_eager"] is False  # the training engine
+    assert llm_kwargs("m", cuda, **common)["enforce_eager"] is False  # evaluation, checks
+    assert llm_kwargs("m", cuda, **common, enforce_eager=True)["enforce_eager"] is True
+    assert llm_kwargs("m", cpu, **common)["enforce_eager"] is True
+    from qurl_mini.config import parse_args
+
+    assert parse_args([]).enforce_eager is False and parse_args(["--enforce-eager"]).enforce_eager is True
+    for path in ("qurl_mini/trainer.py", "qurl_mini/evaluate.py"):  # the flag reaches the engines they start
+        assert "enforce_eager=cfg.enforce_eager" in open(os.path.join(REPO, path)).read(), path
+
+
+def test_a_float32_engine_with_a_w8a8_kernel_on_cuda_is_one_line():
+    """vLLM's cutlass_scaled_mm asserts bf16/fp16 activations: an fp32 engine would end in its AssertionError."""
+    from qurl_mini.quant import QuantError
+
+    cuda = Platform(cuda=True, fp8_kernel=True)
+    for fmt in ("int8", "fp8"):
+        with pytest.raises(QuantError, match=f"--quant {fmt} with --engine-dtype float32: vLLM's W8A8 kernels on CUDA"):
+            cuda.check_engine_dtype(fmt, "float32")
+        cuda.check_engine_dtype(fmt, "bfloat16")
+    cuda.check_engine_dtype("bf16", "float32")  # an unquantized engine: any dtype
+    Platform(cuda=True, fp8_kernel=False).check_engine_dtype("fp8-emulated", "float32")  # emulated: unquantized
+    Platform(cuda=False, fp8_kernel=False).check_engine_dtype("int8", "float32")  # oneDNN on a CPU takes fp32

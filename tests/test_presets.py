@@ -76,3 +76,21 @@ def test_bad_presets_get_one_line(tmp_path, capfd, monkeypatch):
     with pytest.raises(SystemExit):
         train.main(["--preset", "typo"])
     assert "sets unknown flags ['stpes']" in capfd.readouterr().err
+
+
+def test_real_problems_start_from_task_defaults_that_can_learn_and_the_console_names_them():
+    """--data gsm8k (or a file) without a preset: responses long enough for a worked answer, the paper's lr range;
+    the synthetic task keeps the toy's values; a preset or a flag given wins."""
+    toy = parse_args([])
+    assert (toy.max_new_tokens, toy.lr) == (24, 1e-4)  # the toy is unchanged
+    real = parse_args(["--data", "problems.jsonl"])
+    assert real.max_new_tokens >= 256 and real.lr <= 1e-5
+    given = parse_args(["--data", "gsm8k", "--lr", "3e-6"])
+    assert given.lr == 3e-6 and given.defaults_note().startswith("real problems (--data gsm8k): --max-new-tokens 512 (")
+    assert parse_args(["--preset", "gsm8k-grpo-quick"]).defaults_note() is None  # the preset sets both
+    proc = subprocess.run([sys.executable, "train.py", "--data", "gsm8k", "--model", "Qwen/Qwen2.5-0.5B-Instruct",
+                           "--dry-run"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert '"max_new_tokens": 512' in proc.stdout and '"lr": 1e-06' in proc.stdout
+    assert ("real problems (--data gsm8k): --max-new-tokens 512, --lr 1e-06 (task defaults; pass the flags to change "
+            "them)") in proc.stdout.splitlines()

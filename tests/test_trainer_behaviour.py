@@ -147,3 +147,43 @@ def test_a_steps_rho_max_is_the_largest_rho_of_its_tokens_not_a_mean_of_minibatc
     experience.behav_logp[0, first] = experience.prox_logp[0, first] - math.log(7.0)
     stats = updater(experience)
     assert stats["rho_max"] == pytest.approx(7.0, rel=1e-5)
+
+
+def test_a_steps_signal_shares_and_the_one_warning_of_a_run_that_cannot_learn(caplog):
+    """The shares a step logs (responses cut off, groups whose rewards are all equal), and `SignalWatch`: one
+    warning line with the fix, once per run, after 3 steps without signal (the run itself: tests/test_e2e.py)."""
+    import logging
+
+    from qurl_mini.engine import Rollout
+    from qurl_mini.metrics import SignalWatch
+    from qurl_mini.sampling import Samples
+
+    samples = Samples()
+    for rewards, cut in (([0.0, 0.0], [True, True]), ([1.0, 0.0], [True, False])):
+        samples.add(None, [Rollout([1], [2], [0.0], truncated=c) for c in cut], torch.tensor(rewards),
+                    torch.tensor(rewards))
+    assert samples.signal_stats() == {"truncated_share": 0.75, "zero_advantage_groups": 0.5}
+
+    with caplog.at_level(logging.WARNING, logger="qurl_mini"):
+        watch = SignalWatch(max_new_tokens=4)
+        watch.observe(1, 0.0, 1.0)
+        watch.observe(2, 0.0, 0.9)
+        assert not caplog.records  # two steps are not yet "several"
+        for step in (3, 4, 5):
+            watch.observe(step, 0.0, 1.0)
+    (warning,) = caplog.records  # once per run
+    assert warning.getMessage() == ("steps 1-3: every response scored 0 and 97% of the responses hit --max-new-tokens "
+                                    "4, cut off before their '####' answer: nothing to learn from; raise --max-new-tokens")
+
+    def verdict(*steps):  # (accuracy, truncated share) of 3 steps in a row
+        watch = SignalWatch(max_new_tokens=24)
+        watch.recent = [(i + 1, accuracy, cut) for i, (accuracy, cut) in enumerate(steps)]
+        return watch.problem()
+
+    all_wrong = verdict((0.0, 0.1), (0.0, 0.0), (0.0, 0.2))  # answers not cut off, yet never right
+    assert "start easier" in all_wrong and all_wrong.endswith("or lower --lr")
+    assert "every response scored 1" in verdict((1.0, 0.0), (1.0, 0.0), (1.0, 0.0))
+    assert verdict((0.2, 0.6), (0.1, 0.7), (0.0, 0.6)).endswith("cut off before their '####' answer; raise "
+                                                                "--max-new-tokens")
+    assert verdict((0.0, 0.1), (0.1, 0.0), (0.0, 0.2)) is None  # one step with signal: it can learn
+    assert verdict((0.5, 0.5), (0.5, 0.5), (0.5, 0.5)) is None  # half cut off is not "mostly"
