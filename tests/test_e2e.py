@@ -68,6 +68,22 @@ def test_ppo_and_dapo_run_end_to_end_with_int8_rollout(tmp_path, algo):
         assert rows[-1]["value_loss"] < rows[0]["value_loss"], [r["value_loss"] for r in rows]
 
 
+def test_a_run_too_short_to_answer_warns_once_in_one_line_with_the_fix(tmp_path):
+    """--max-new-tokens 2 cannot hold an answer ('7+4=11\n#### 11'): every reward is 0 and every response is cut
+    off. The run says so once, in one line naming the fix, and logs the shares it judged on at every step."""
+    proc = subprocess.run(train_cmd(tmp_path, "--quant", "int8", "--steps", "4", "--max-new-tokens", "2",
+                                    "--prompts-per-step", "4", "--group-size", "2", "--eval-size", "8",
+                                    "--eval-every", "0", "--sync-check-every", "0", "--run-name", "short"),
+                          cwd=REPO, capture_output=True, text=True, timeout=900, env=dict(os.environ, COLUMNS="1000"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    said = [line for line in (proc.stdout + proc.stderr).splitlines() if "nothing to learn" in line]
+    assert len(said) == 1, said  # once, although step 4 has no signal either
+    assert "steps 1-3: every response scored 0 and 100% of the responses hit --max-new-tokens 2" in said[0]
+    assert said[0].rstrip().endswith("nothing to learn from; raise --max-new-tokens")
+    rows = metrics(tmp_path / "short")
+    assert [(r["reward_mean"], r["truncated_share"], r["zero_advantage_groups"]) for r in rows] == [(0.0, 1.0, 1.0)] * 4
+
+
 def _eq14_fp8_error(model_dir) -> float:
     """Eq. 14 by hand for FP8 e4m3 weights, scale amax/448 per output channel, over the decoder projections
     (computed here from the safetensors file, not with the library's quantizer)."""
