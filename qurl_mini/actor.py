@@ -7,6 +7,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 
 from .batch import micro_batch_slices
+from .packing import pack_groups, packed_micro_batches
 from .infra.paths import ModelError, check_model_dir, first_line
 
 
@@ -38,7 +39,10 @@ def load_actor(model: str, dtype=torch.float32):
         raise ModelError(f"--model {model}: the tokenizer has no EOS token, so responses could never end")
     if tokenizer.pad_token_id is None:
         tokenizer.pad_token = tokenizer.eos_token
-    actor = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    try:
+        actor = AutoModelForCausalLM.from_pretrained(model, dtype=dtype)
+    except OSError as e:  # a hub id's weights not fetched (the network gone, offline and not cached), unreadable
+        raise ModelError(f"--model {model}: the weights cannot be loaded ({first_line(e)})") from None
     return actor, tokenizer
 
 
@@ -76,25 +80,42 @@ def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0,
         return logp if only is None else logp * (only > 0)
     hidden = model.base_model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
     targets = input_ids[:, 1:]
+    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
+    where = None if only is None else only.reshape(-1).nonzero().squeeze(-1)
+    if where is None:
+        return head_logprobs(model, flat_hidden, flat_targets, temperature, chunk_tokens).view(targets.shape)
+    flat = head_logprobs(model, flat_hidden[where], flat_targets[where], temperature, chunk_tokens)
+    return flat.new_zeros(targets.numel()).index_put((where,), flat).view(targets.shape)
+
+
+def head_logprobs(model, hidden, targets, temperature: float = 1.0, chunk_tokens: int = LOGPROB_CHUNK_TOKENS):
+    """log pi(target | hidden state) for [T, H] hidden states and [T] targets, float32 [T]: the lm_head on
+    `chunk_tokens` of them at a time, each reduced at once to logit(target) - logsumexp(logits)."""
     head = model.get_output_embeddings()
 
     def chunk_logprobs(h, t):
         logits = head(h).float() / temperature
         return logits.gather(-1, t[:, None]).squeeze(-1) - torch.logsumexp(logits, dim=-1)
 
-    flat_hidden, flat_targets = hidden.reshape(-1, hidden.shape[-1]), targets.reshape(-1)
-    where = None if only is None else only.reshape(-1).nonzero().squeeze(-1)
-    if where is not None:
-        flat_hidden, flat_targets = flat_hidden[where], flat_targets[where]
     pieces = []
-    for i in range(0, flat_targets.numel(), chunk_tokens):
-        h, t = flat_hidden[i:i + chunk_tokens], flat_targets[i:i + chunk_tokens]
+    for i in range(0, targets.numel(), chunk_tokens):
+        h, t = hidden[i:i + chunk_tokens], targets[i:i + chunk_tokens]
         pieces.append(torch.utils.checkpoint.checkpoint(chunk_logprobs, h, t, use_reentrant=False)
                       if torch.is_grad_enabled() and h.requires_grad else chunk_logprobs(h, t))
-    flat = torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
-    if where is None:
-        return flat.view(targets.shape) if pieces else hidden.new_zeros(targets.shape, dtype=torch.float32)
-    return hidden.new_zeros(targets.numel(), dtype=torch.float32).index_put((where,), flat).view(targets.shape)
+    return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
+
+
+def shared_prompt_logprobs(model, seq, group_sizes: list[int], temperature: float = 1.0,
+                           chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
+    """token_logprobs of the response tokens of `seq` ([n, L-1], 0 elsewhere), each group's prompt run once:
+    `group_sizes` consecutive rows share a prompt and are packed into one row (packing.pack_groups)."""
+    packed = pack_groups(seq, group_sizes).to(device_of(model))
+    inputs = dict(input_ids=packed.input_ids, attention_mask=packed.attention_bias, position_ids=packed.position_ids)
+    if getattr(model.config, "final_logit_softcapping", None) or hasattr(model.config, "logit_scale"):
+        logits = model(**inputs).logits.flatten(0, 1)[packed.hidden_index].float() / temperature  # the model's own head
+        return packed.unpack(logits.log_softmax(-1).gather(-1, packed.target_ids[:, None]).squeeze(-1))
+    hidden = model.base_model(**inputs).last_hidden_state.flatten(0, 1)[packed.hidden_index]
+    return packed.unpack(head_logprobs(model, hidden, packed.target_ids, temperature, chunk_tokens))
 
 
 def device_of(model) -> torch.device:
@@ -123,25 +144,41 @@ def enable_gradient_checkpointing(*models) -> None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def _per_micro_batch(fn, batch, micro_batch_size: int, max_tokens: int | None, device) -> torch.Tensor:
-    """fn(input_ids, attention_mask, response_mask) -> [n, w-1] on each (trimmed) micro-batch, on `device`,
+def sequence_logprobs(model, seq, temperature: float = 1.0, groups: list[int] | None = None) -> torch.Tensor:
+    """The response tokens' log-probs of a (trimmed) micro-batch on the model's device, [n, w-1]: each row on its
+    own (groups None), or each run of `groups` rows sharing a prompt packed into one row (--shared-prompt)."""
+    if groups is None:
+        return token_logprobs(model, seq.input_ids, seq.attention_mask, temperature, only=seq.response_mask)
+    return shared_prompt_logprobs(model, seq, groups, temperature)
+
+
+def micro_batch_plan(seq, micro_batch_size: int, max_tokens: int | None, shared: bool) -> list[tuple[slice, list | None]]:
+    """(rows, packed groups or None) of each micro-batch: --micro-batch-size sequences or
+    --max-tokens-per-micro-batch tokens, of rows (unshared) or of whole packed groups (--shared-prompt)."""
+    if shared:
+        return packed_micro_batches(seq, micro_batch_size, max_tokens)
+    return [(rows, None) for rows in micro_batch_slices(seq.attention_mask, micro_batch_size, max_tokens)]
+
+
+def _per_micro_batch(fn, batch, micro_batch_size: int, max_tokens: int | None, shared: bool, device) -> torch.Tensor:
+    """fn(micro-batch on `device`, its packed groups or None) -> [n, w-1] on each (trimmed) micro-batch,
     zero-padded back to the batch's [N, L-1] on the batch's device."""
     pieces = []
-    for rows in micro_batch_slices(batch.attention_mask, micro_batch_size, max_tokens):
+    for rows, groups in micro_batch_plan(batch, micro_batch_size, max_tokens, shared):
         micro = batch[rows].trimmed()
         with autocast_context(device.type):
-            out = fn(micro.input_ids.to(device), micro.attention_mask.to(device), micro.response_mask.to(device)).float()
+            out = fn(micro.to(device), groups).float()
         pieces.append(F.pad(out, (0, batch.input_ids.shape[1] - micro.input_ids.shape[1])).to(batch.input_ids.device))
     return torch.cat(pieces)
 
 
 @torch.no_grad()
-def batched_logprobs(model, batch, micro_batch_size: int, temperature: float, max_tokens: int | None = None):
+def batched_logprobs(model, batch, micro_batch_size: int, temperature: float, max_tokens: int | None = None,
+                     shared: bool = False):
     """token_logprobs of the response tokens over micro-batches of --micro-batch-size rows or
-    --max-tokens-per-micro-batch tokens; prompt and padding positions come back as 0."""
-    return _per_micro_batch(lambda ids, attention, response: token_logprobs(model, ids, attention, temperature,
-                                                                            only=response),
-                            batch, micro_batch_size, max_tokens, device_of(model))
+    --max-tokens-per-micro-batch tokens (shared: each group's prompt once); prompt and padding positions are 0."""
+    return _per_micro_batch(lambda micro, groups: sequence_logprobs(model, micro, temperature, groups),
+                            batch, micro_batch_size, max_tokens, shared, device_of(model))
 
 
 class Critic(torch.nn.Module):
@@ -159,11 +196,24 @@ class Critic(torch.nn.Module):
     def forward(self, input_ids, attention_mask):
         """V(prefix up to t) for each t, [N, L-1] (aligned with the targets)."""
         hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        return self._head(hidden[:, :-1])
+
+    def values(self, seq, groups: list[int] | None = None):
+        """V at every position of a micro-batch ([n, w-1]); with `groups` (--shared-prompt) each group's prompt runs
+        once and only the response positions (all that GAE and the value loss read) get a value."""
+        if groups is None:
+            return self(seq.input_ids, seq.attention_mask)
+        packed = pack_groups(seq, groups).to(device_of(self))
+        hidden = self.backbone(input_ids=packed.input_ids, attention_mask=packed.attention_bias,
+                               position_ids=packed.position_ids).last_hidden_state
+        return packed.unpack(self._head(hidden.flatten(0, 1)[packed.hidden_index]))
+
+    def _head(self, hidden):
         with torch.autocast(hidden.device.type, enabled=False):  # the value head in fp32, also under autocast
-            return self.value_head(hidden[:, :-1].float()).squeeze(-1)
+            return self.value_head(hidden.float()).squeeze(-1)
 
 
 @torch.no_grad()
-def batched_values(critic, batch, micro_batch_size: int, max_tokens: int | None = None):
-    return _per_micro_batch(lambda ids, attention, response: critic(ids, attention), batch, micro_batch_size,
-                            max_tokens, device_of(critic))
+def batched_values(critic, batch, micro_batch_size: int, max_tokens: int | None = None, shared: bool = False):
+    return _per_micro_batch(lambda micro, groups: critic.values(micro, groups), batch, micro_batch_size,
+                            max_tokens, shared, device_of(critic))

@@ -26,6 +26,9 @@ class SequenceBatch:
         last = attended[-1].item() + 1 if len(attended) else 0
         return min(self.input_ids.shape[1], max(last, 2))
 
+    def to(self, device) -> "SequenceBatch":
+        return SequenceBatch(self.input_ids.to(device), self.attention_mask.to(device), self.response_mask.to(device))
+
     def trimmed(self) -> "SequenceBatch":
         w = self.width
         return SequenceBatch(self.input_ids[:, :w], self.attention_mask[:, :w], self.response_mask[:, :w - 1])
@@ -101,9 +104,7 @@ class Experience:
         return replace(self._map(lambda t: t[rows]), sequences=self.sequences[rows])
 
     def to(self, device) -> "Experience":
-        seq = self.sequences
-        return replace(self._map(lambda t: t.to(device)), sequences=SequenceBatch(
-            seq.input_ids.to(device), seq.attention_mask.to(device), seq.response_mask.to(device)))
+        return replace(self._map(lambda t: t.to(device)), sequences=self.sequences.to(device))
 
     def trimmed(self) -> "Experience":
         """Without the padding columns beyond the longest row (per-token tensors cut to match)."""

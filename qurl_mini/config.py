@@ -79,6 +79,9 @@ class Config:
     max_tokens_per_micro_batch: Optional[int] = flag(
         None, "size micro-batches by tokens instead (rows x their longest row, greedily in order; a longer "
               "sequence goes alone), for the log-prob passes and gradient accumulation; overrides --micro-batch-size")
+    shared_prompt: bool = flag(True, "run each group's prompt once in the actor's log-probs and update: one row "
+                                     "[prompt | r1 | ... | rG], each response attending the prompt and itself only "
+                                     "(exact; docs/shared-prompt.md). --shared-prompt false: one row per response")
     gradient_checkpointing: bool = flag(False, "recompute each decoder layer in the backward pass instead of keeping "
                                              "its activations (actor and critic; slower, far less memory)")
     clip_low: Optional[float] = flag(None, "PPO clip epsilon below 1 (default 0.2)")
@@ -212,9 +215,6 @@ class Config:
     def to_dict(self) -> dict:
         return asdict(self)
 
-
-PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
-
     def defaults_note(self) -> str | None:
         """One line naming the task defaults this run took and why (None where every one was given)."""
         if not self.task_defaults:
@@ -222,6 +222,9 @@ PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__fil
         chosen = ", ".join(f"--{name.replace('_', '-')} {value}" for name, value in self.task_defaults.items())
         why = "" if self.task == "synthetic task" else f" (--data {self.data})"
         return f"{self.task}{why}: {chosen} (task defaults; pass the flags to change them)"
+
+
+PRESETS_DIR = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "presets")
 
 
 def presets() -> list[str]:
@@ -233,11 +236,16 @@ def load_preset(name: str) -> dict:
     path = os.path.join(PRESETS_DIR, f"{name}.json")
     if not os.path.isfile(path):
         raise ConfigError(f"--preset {name!r}: no such preset (have: {', '.join(presets()) or 'none'})")
-    with open(path) as f:
+    with open(path, encoding="utf-8") as f:
         try:
-            values = {k: v for k, v in json.load(f).items() if not k.startswith("_")}
+            values = json.load(f)
         except json.JSONDecodeError as e:
             raise ConfigError(f"--preset {name!r}: {path} is not JSON ({e.msg})") from None
+        except UnicodeDecodeError as e:
+            raise ConfigError(f"--preset {name!r}: {path} is not UTF-8 text (byte {e.start})") from None
+    if not isinstance(values, dict):
+        raise ConfigError(f"--preset {name!r}: {path} holds a JSON {type(values).__name__}, not an object of flags")
+    values = {k: v for k, v in values.items() if not k.startswith("_")}
     unknown = sorted(set(values) - {f.name for f in fields(Config)})
     if unknown:
         raise ConfigError(f"--preset {name!r}: {path} sets unknown flags {unknown}")

@@ -234,7 +234,8 @@ class Trainer:
 
         # 3. the full-precision actor's log-probs of the sampled tokens: pi_prox (and pi_ref, V_old)
         with timer("logprob"):
-            micro = dict(micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_micro_batch)
+            micro = dict(micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_micro_batch,
+                         shared=cfg.shared_prompt)
             prox_logp = batched_logprobs(self.actor, sequences, temperature=cfg.temperature, **micro)
             ref_logp = (batched_logprobs(self.reference, sequences, temperature=cfg.temperature, **micro)
                         if self.reference is not None else None)

@@ -10,11 +10,12 @@ import logging
 
 import torch
 
-from .actor import autocast_context, device_of, token_logprobs
+from .actor import autocast_context, device_of, micro_batch_plan, sequence_logprobs
 from .batch import Experience
 from .infra import checkpoint
 from .infra.errors import OneLineError
 from .loss import aggregation_units, combine_stats, kl_k3, masked_mean, policy_loss, policy_stats, sequence_ratio, value_loss
+from .packing import prompt_groups
 
 log = logging.getLogger("qurl_mini")
 
@@ -46,8 +47,7 @@ class Updater:
         cfg = self.cfg
         per_minibatch, skipped = [], 0
         for _ in range(cfg.ppo_epochs):
-            order = torch.randperm(len(experience))
-            for rows in order.chunk(cfg.minibatches):
+            for rows in self.minibatch_rows(experience):
                 stats = self._minibatch_step(experience[rows])
                 if stats is None:
                     skipped += 1
@@ -60,6 +60,15 @@ class Updater:
         return {**(combine_stats(per_minibatch) if per_minibatch else {}), "skipped_updates": skipped,
                 "lr": self.schedulers["actor"].get_last_lr()[0]}
 
+    def minibatch_rows(self, experience: Experience) -> list[torch.Tensor]:
+        """--minibatches random parts of the step's rows, of equal size. With --shared-prompt the groups are
+        shuffled, not the rows: a group's rows stay together (cut only where a part ends), so a minibatch packs
+        each prompt once."""
+        if not self.cfg.shared_prompt:
+            return list(torch.randperm(len(experience)).chunk(self.cfg.minibatches))
+        groups = torch.arange(len(experience)).split(prompt_groups(experience.sequences))
+        return list(torch.cat([groups[g] for g in torch.randperm(len(groups)).tolist()]).chunk(self.cfg.minibatches))
+
     def _minibatch_step(self, minibatch: Experience) -> dict | None:
         """One optimizer step, gradients accumulated over micro-batches (--micro-batch-size rows or
         --max-tokens-per-micro-batch tokens); None where it was skipped."""
@@ -69,8 +78,11 @@ class Updater:
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
         loss_parts, tokens = {}, []
-        for micro in minibatch.micro_batches(cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
-            loss, parts, logp = self._micro_loss(micro.to(device_of(self.actor)), over)
+        plan = micro_batch_plan(minibatch.sequences, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch,
+                                cfg.shared_prompt)
+        for rows, groups in plan:
+            micro = minibatch[rows].trimmed()
+            loss, parts, logp = self._micro_loss(micro.to(device_of(self.actor)), groups, over)
             if not torch.isfinite(loss):
                 log.warning("non-finite loss (%s); skipping this update", loss.item())
                 return None
@@ -91,13 +103,14 @@ class Updater:
                              clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap)
         return {**stats, **loss_parts, "grad_norm": grad_norm.item()}
 
-    def _micro_loss(self, micro: Experience, over: dict):
+    def _micro_loss(self, micro: Experience, groups: list[int] | None, over: dict):
         """One micro-batch's part of the minibatch loss: the policy objective (+ k3 KL to the reference,
-        + PPO's value loss), each divided by the minibatch's units in `over`; the parts' values; its log-probs."""
+        + PPO's value loss), each divided by the minibatch's units in `over`; the parts' values; its log-probs.
+        groups: the sizes of its packed rows (--shared-prompt), or None (each row on its own)."""
         cfg, seq, m = self.cfg, micro.sequences, micro.mask
         with autocast_context(seq.input_ids.device.type):
-            logp = token_logprobs(self.actor, seq.input_ids, seq.attention_mask, cfg.temperature, only=m)
-            values = self.critic(seq.input_ids, seq.attention_mask) if self.critic is not None else None
+            logp = sequence_logprobs(self.actor, seq, cfg.temperature, groups)
+            values = self.critic.values(seq, groups) if self.critic is not None else None
         loss, _ = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
                               objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
                               tis_cap=cfg.tis_cap, agg=cfg.loss_agg, over=over["policy"])
