@@ -99,14 +99,19 @@ def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
     (cfg,) = parser.parse_args_into_dataclasses(args=argv)
     cfg.model = list(run_models) + [m for m in cfg.model if m not in run_models]
     need(bool(cfg.model), "give --model DIR [DIR ...] or --run RUN_DIR")
-    for i, model in enumerate(cfg.model):  # before any model is evaluated (load_actor checks the rest)
+    return cfg, run_models, any(getattr(cfg, n) != parser.get_default(n) for n in ("temperature", "top_p"))
+
+
+def check_models(cfg: EvalConfig, run_models: dict) -> None:
+    """Each model a folder (a name: converted once into --cache-dir), checked before any is evaluated (load_actor
+    checks the rest); a problem raises ConfigError or PathError (one line)."""
+    for i, model in enumerate(cfg.model):
         try:
             cfg.model[i] = model = resolve_model(model, cfg.cache_dir)  # a name: its folder, converted once
             check_model_dir(model)
         except ModelError as e:
-            raise ConfigError(f"{e}{f' (named in --run {run}/summary.json)' if model in run_models else ''}") from None
+            raise ConfigError(f"{e}{f' (named in --run {cfg.run}/summary.json)' if model in run_models else ''}") from None
     check_outputs_apart({"--out": cfg.out}, {f"--model[{i}]": m for i, m in enumerate(cfg.model)})
-    return cfg, run_models, any(getattr(cfg, n) != parser.get_default(n) for n in ("temperature", "top_p"))
 
 
 def main(argv=None) -> int:
@@ -130,7 +135,8 @@ def main(argv=None) -> int:
         log.warning("--k 1: only greedy Avg@1 is computed; --temperature and --top-p apply to --k > 1")
     try:
         platform = Platform.detect()
-        _, test = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
+        _, test = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)  # before any model
+        check_models(cfg, run_models)
         results = {}
         for path in dict.fromkeys(cfg.model):
             results[path] = evaluate_checkpoint(path, test, cfg, platform)

@@ -10,6 +10,7 @@ import random
 import re
 from dataclasses import dataclass
 from .infra.errors import OneLineError
+from .infra.paths import first_line
 
 log = logging.getLogger("qurl_mini")
 
@@ -95,78 +96,145 @@ def synthetic_splits(n_train: int, n_test: int, max_number: int, seed: int = 0):
 
 # ----- GSM8K (hub or local file) --------------------------------------------------------------
 
+ROW_FORMAT = 'one JSON object a line: {"question": "...", "answer": "... #### <number>"} (or .parquet with those columns)'
 
-def rows_to_problems(rows, source: str) -> list[Problem]:
-    """Rows with 'question' and 'answer'; rows whose answer lacks '####' are skipped and counted."""
-    problems, skipped = [], []
-    for i, row in enumerate(rows):
-        if "question" not in row or "answer" not in row:
-            raise DataError(f"{source}: row {i + 1} has no 'question'/'answer' field (keys: {sorted(row)})")
-        target = extract_answer(str(row["answer"]))
-        if target is None:
-            skipped.append(i + 1)
-            continue
-        problems.append(Problem(str(row["question"]), str(row["answer"]), target))
-    if skipped:
-        log.warning("%s: skipped %d row(s) whose answer has no '#### <number>' (first: row %d)",
-                    source, len(skipped), skipped[0])
+
+def row_problem(row) -> tuple[Problem | None, str]:
+    """The row as a Problem, or None and why it cannot be used: it needs a question (text) and an answer (text)
+    ending in '#### <number>'."""
+    if not isinstance(row, dict):
+        return None, f"not a JSON object but {type(row).__name__}"
+    missing = [key for key in ("question", "answer") if key not in row]
+    if missing:
+        return None, f"no {' or '.join(map(repr, missing))} field (keys: {', '.join(map(str, row)) or 'none'})"
+    for key in ("question", "answer"):
+        value = row[key]
+        if not isinstance(value, (str, int, float)) or isinstance(value, bool):
+            return None, f"its {key} is not text ({'null' if value is None else type(value).__name__})"
+        if not str(value).strip():
+            return None, f"its {key} is empty"
+    target = extract_answer(str(row["answer"]))
+    if target is None:
+        return None, "its answer has no '#### <number>'"
+    return Problem(str(row["question"]), str(row["answer"]), target), ""
+
+
+def rows_to_problems(rows, source: str, unit: str = "row") -> list[Problem]:
+    """The usable rows of [(number, row)] as Problems; the others are skipped, counted and named in one warning
+    (the first one's number and why). None usable is a DataError."""
+    problems, skipped, first = [], 0, ""
+    for number, row in rows:
+        problem, why = row_problem(row)
+        if problem is None:
+            skipped, first = skipped + 1, first or f"{unit} {number}: {why}"
+        else:
+            problems.append(problem)
     if not problems:
-        raise DataError(f"{source}: no usable rows (every answer lacks '#### <number>')")
+        found = f"all {skipped} skipped, the first {first}" if skipped else "it has none"
+        raise DataError(f"{source}: no usable rows ({found}); each row needs {ROW_FORMAT}")
+    if skipped:
+        log.warning("%s: skipped %d of %d rows, %d usable (first: %s)", source, skipped, skipped + len(problems),
+                    len(problems), first)
     return problems
 
 
-def _check_jsonl(path: str) -> None:
-    """Name the first line that is not JSON, before `datasets` gives a long traceback."""
-    with open(path, encoding="utf-8") as f:
-        for lineno, line in enumerate(f, 1):
-            if line.strip():
-                try:
-                    json.loads(line)
-                except json.JSONDecodeError as e:
-                    raise DataError(f"{path}: line {lineno} is not JSON ({e.msg})") from None
+def read_rows(path: str, flag: str) -> tuple[list, str]:
+    """([(number, row)], 'line' or 'row') of a local file: JSON lines (a .json file may also be one JSON list),
+    or a parquet table. A line that is not JSON, or a file that cannot be read, is a DataError."""
+    if path.endswith(".parquet"):
+        import pyarrow.parquet as pq
+
+        try:
+            return list(enumerate(pq.read_table(path).to_pylist(), 1)), "row"
+        except Exception as e:  # not parquet, cut short: pyarrow raises several kinds
+            raise DataError(f"{flag} {path}: cannot be read as parquet ({first_line(e)})") from None
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except UnicodeDecodeError as e:
+        raise DataError(f"{flag} {path}: not UTF-8 text (byte {e.start}); expected {ROW_FORMAT}") from None
+    except OSError as e:
+        raise DataError(f"{flag} {path}: cannot be read ({e.strerror})") from None
+    if path.endswith(".json"):
+        try:
+            whole = json.loads(text)
+        except ValueError:
+            whole = None  # JSON lines, read below
+        if isinstance(whole, list):
+            return list(enumerate(whole, 1)), "row"
+    rows = []
+    for lineno, line in enumerate(text.splitlines(), 1):
+        if line.strip():
+            try:
+                rows.append((lineno, json.loads(line)))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{flag} {path}: line {lineno} is not JSON ({e.msg})") from None
+    return rows, "line"
 
 
-def load_local(path: str) -> list[Problem]:
-    import datasets
-
+def load_local(path: str, flag: str = "--data") -> list[Problem]:
+    """A local .jsonl / .json / .parquet file's usable problems (read here, not by `datasets`: no cache, no hub)."""
     if not os.path.isfile(path):
-        raise DataError(f"--data {path}: no such file")
+        raise DataError(f"{flag} {path}: {'a folder' if os.path.isdir(path) else 'no such file'}; give 'synthetic', "
+                        f"'gsm8k' or a .jsonl/.parquet file")
     if os.path.getsize(path) == 0:
-        raise DataError(f"--data {path}: the file is empty")
-    kind = {".jsonl": "json", ".json": "json", ".parquet": "parquet"}.get(os.path.splitext(path)[1])
-    if kind is None:
-        raise DataError(f"--data {path}: expected a .jsonl, .json or .parquet file")
-    if kind == "json":
-        _check_jsonl(path)
-    rows = datasets.load_dataset(kind, data_files=path, split="train")
-    if len(rows) == 0:
-        raise DataError(f"--data {path}: the file has no rows")
-    return rows_to_problems(rows, path)
+        raise DataError(f"{flag} {path}: the file is empty")
+    if os.path.splitext(path)[1] not in (".jsonl", ".json", ".parquet"):
+        raise DataError(f"{flag} {path}: expected a .jsonl, .json or .parquet file")
+    rows, unit = read_rows(path, flag)
+    if not rows:
+        raise DataError(f"{flag} {path}: the file has no rows")
+    return rows_to_problems(rows, f"{flag} {path}", unit)
 
 
 def load_gsm8k_hub(split: str) -> list[Problem]:
+    """openai/gsm8k from the hub (or, offline, the local hub cache); one DataError line naming the local files that
+    work instead when it cannot be fetched."""
     import datasets
 
-    rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
-    return rows_to_problems(rows, f"openai/gsm8k[{split}]")
+    from .infra.hub import no_answer, offline_reason, USE_THE_CACHE
+
+    instead = f"use local files instead: --data train.jsonl --test-data test.jsonl, {ROW_FORMAT}"
+    offline = datasets.config.HF_HUB_OFFLINE
+    why = None if offline else no_answer()
+    if why:
+        raise DataError(f"--data gsm8k: openai/gsm8k cannot be fetched from the hub ({why}); {instead}; {USE_THE_CACHE}")
+    try:
+        rows = datasets.load_dataset("openai/gsm8k", "main", split=split)
+    except OSError as e:  # offline and not cached, the network gone mid-way, a proxy's refusal: all OSError
+        raise DataError(f"--data gsm8k: openai/gsm8k cannot be fetched from the hub "
+                        f"({offline_reason() if offline else first_line(e)}); {instead}") from None
+    return rows_to_problems(enumerate(rows, 1), f"openai/gsm8k[{split}]")
 
 
 def load_problems(data: str, test_data: str | None, n_test: int, seed: int, max_number: int):
-    """(train, test) for --data {synthetic, gsm8k, FILE}; a single file is split by seed."""
+    """(train, test) for --data {synthetic, gsm8k, FILE} and --test-data FILE (any --data; default: a held-out
+    split of --data, a single file split by seed). Every source is read and checked here, before any model
+    loads; a test set smaller than n_test (--eval-size) is said in one warning."""
     if data == "synthetic":  # a fixed held-out pool, so the train split never depends on n_test
         train, test = synthetic_splits(20000, 1000, max_number, seed=1234)
-        return train, test[:n_test]
-    if data == "gsm8k":
-        return load_gsm8k_hub("train"), load_gsm8k_hub("test")[:n_test]
-    train = load_local(data)
+        source = "--data synthetic: its held-out pool has"
+    elif data == "gsm8k":
+        train = load_gsm8k_hub("train")
+        test = None if test_data else load_gsm8k_hub("test")
+        source = "--data gsm8k: openai/gsm8k[test] has"
+    else:
+        train, test = load_local(data, "--data"), None
+        source = ""
     if test_data:
-        return train, load_local(test_data)[:n_test]
-    if len(train) < 2:
-        raise DataError(f"--data {data}: need at least 2 rows to hold out a test split")
-    shuffled = train[:]
-    random.Random(seed).shuffle(shuffled)
-    n_held = min(n_test, max(1, len(shuffled) // 10))
-    return shuffled[n_held:], shuffled[:n_held]
+        test, source = load_local(test_data, "--test-data"), f"--test-data {test_data}:"
+    if test is None:  # a single file: hold out a tenth
+        if len(train) < 2:
+            raise DataError(f"--data {data}: need at least 2 usable rows to hold out a test split")
+        shuffled = train[:]
+        random.Random(seed).shuffle(shuffled)
+        n_held = min(n_test, max(1, len(shuffled) // 10))
+        train, test = shuffled[n_held:], shuffled[:n_held]
+        source = f"--data {data}: held out a tenth of its {len(shuffled)} usable rows (give --test-data for more),"
+    if len(test) < n_test:
+        log.warning("%s %d test problems, fewer than --eval-size %d: evaluating on %d", source, len(test), n_test,
+                    len(test))
+    return train, test[:n_test]
 
 
 class PromptOrder:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from .config import ConfigError, need
-from .data import Problem, decode_and_score, reward
+from .data import DataError, Problem, decode_and_score, reward
 from .prompts import PromptBuilder
 
 
@@ -32,6 +32,7 @@ def prompt_builder(tokenizer, prompts: PromptBuilder | None = None) -> PromptBui
 def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: int, batch_size: int = 100,
                     prompts: PromptBuilder | None = None):
     """(accuracy, [(question, response, correct)]): HF greedy decoding, exact '####' match."""
+    some_problems(problems)
     prompts = prompt_builder(tokenizer, prompts)
     was_training = model.training
     model.eval()
@@ -49,6 +50,13 @@ def greedy_accuracy(model, tokenizer, problems: list[Problem], max_new_tokens: i
         tokenizer.padding_side = side
         model.train(was_training)
     return sum(r[2] for r in results) / max(1, len(results)), results
+
+
+def some_problems(problems: list[Problem]) -> None:
+    """An accuracy needs problems: on none it would be a number measured on nothing (load_problems never gives
+    none; this guards every other caller)."""
+    if not problems:
+        raise DataError("no test problems to evaluate: an accuracy on none would be a number measured on nothing")
 
 
 # ----- metrics ------------------------------------------------------------------------------------
@@ -174,6 +182,7 @@ def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> di
     from .actor import load_actor
     from .infra.progress import progress_bar
 
+    some_problems(problems)
     t0 = time.time()
     actor, tokenizer = load_actor(path)
     prompts = PromptBuilder(cfg.prompt_format, tokenizer)
@@ -285,6 +294,9 @@ def read_run(run: str) -> tuple[dict, dict]:
         raise ConfigError(f"--run {run}: summary.json lacks {e} (not a train.py summary?)") from None
     settings.update({name: train[name] for name in RUN_SETTINGS if name in train})
     inside = os.path.join(train.get("out_dir", "runs"), train.get("run_name", os.path.basename(os.path.normpath(run))))
+    for name in ("data", "test_data"):  # a file's path is relative to where train.py ran, as the models' are
+        if isinstance(settings[name], str) and settings[name] not in ("synthetic", "gsm8k"):
+            settings[name] = _seen_from_here(settings[name], run, inside)
     return settings, {_seen_from_here(model, run, inside): role for model, role in models.items()}
 
 

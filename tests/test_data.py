@@ -51,7 +51,7 @@ def _write_jsonl(path, rows):
 ROWS = [{"question": f"What is {i} plus 1?", "answer": f"{i}+1={i + 1}\n#### {i + 1}"} for i in range(30)]
 
 
-def test_local_jsonl_and_parquet_load_through_datasets(tmp_path):
+def test_local_jsonl_and_parquet_load_alike(tmp_path):
     import datasets
 
     problems = load_local(_write_jsonl(tmp_path / "gsm.jsonl", ROWS))
@@ -66,7 +66,7 @@ def test_rows_without_marks_are_skipped_counted_and_logged(tmp_path, caplog):
     with caplog.at_level(logging.WARNING, logger="qurl_mini"):
         problems = load_local(_write_jsonl(tmp_path / "d.jsonl", rows))
     assert len(problems) == 5
-    assert "skipped 1 row(s)" in caplog.text and "row 6" in caplog.text
+    assert "skipped 1 of 6 rows, 5 usable (first: line 6: its answer has no '#### <number>')" in caplog.text
 
 
 def test_bad_files_get_one_line_errors(tmp_path):
@@ -78,7 +78,7 @@ def test_bad_files_get_one_line_errors(tmp_path):
     (tmp_path / "bad.jsonl").write_text(json.dumps(ROWS[0]) + "\n{not json\n")
     with pytest.raises(DataError, match="line 2 is not JSON"):
         load_local(str(tmp_path / "bad.jsonl"))
-    with pytest.raises(DataError, match="every answer lacks"):
+    with pytest.raises(DataError, match="no usable rows"):
         load_local(_write_jsonl(tmp_path / "none.jsonl", [{"question": "q", "answer": "a"}]))
     with pytest.raises(DataError, match="no 'question'"):
         load_local(_write_jsonl(tmp_path / "keys.jsonl", [{"q": "q"}]))
@@ -140,3 +140,35 @@ def test_real_gsm8k_files_load_whole_and_every_gold_answer_earns_reward_one():
     with_commas = [p for p in train + test if "," in p.answer.rsplit("####", 1)[1]]
     assert with_commas and all(p.target == float(p.answer.rsplit("####", 1)[1].strip().replace(",", ""))
                                for p in with_commas)
+
+
+def test_rows_without_a_question_or_answer_are_skipped_never_read_as_the_text_none(tmp_path, caplog):
+    rows = [{"question": None, "answer": "#### 3"}, {"answer": "#### 4"}, {"question": "q", "answer": None},
+            {"question": " ", "answer": "#### 5"}, [1, 2], ROWS[0]]
+    with caplog.at_level(logging.WARNING, logger="qurl_mini"):
+        problems = load_local(_write_jsonl(tmp_path / "d.jsonl", rows), "--test-data")
+    assert problems == load_local(_write_jsonl(tmp_path / "one.jsonl", ROWS[:1]))
+    assert "skipped 5 of 6 rows, 1 usable (first: line 1: its question is not text (null))" in caplog.text
+    with pytest.raises(DataError, match=r"--test-data .*: no usable rows \(all 5 skipped, the first line 1: its "):
+        load_local(_write_jsonl(tmp_path / "none.jsonl", rows[:5]), "--test-data")
+
+
+def test_a_json_list_file_loads_and_a_damaged_parquet_is_one_line(tmp_path):
+    (tmp_path / "rows.json").write_text(json.dumps(ROWS))
+    assert len(load_local(str(tmp_path / "rows.json"))) == 30
+    (tmp_path / "cut.parquet").write_bytes(b"PAR1 not really")
+    with pytest.raises(DataError, match="cut.parquet: cannot be read as parquet"):
+        load_local(str(tmp_path / "cut.parquet"))
+
+
+def test_test_data_is_used_with_any_data_and_a_short_test_set_is_said(tmp_path, caplog):
+    test_file = _write_jsonl(tmp_path / "test.jsonl", ROWS[:5])
+    with caplog.at_level(logging.WARNING, logger="qurl_mini"):
+        train, test = load_problems("synthetic", test_file, n_test=8, seed=0, max_number=10)
+    assert len(train) == 20000 and [p.question for p in test] == [r["question"] for r in ROWS[:5]]
+    assert f"--test-data {test_file}: 5 test problems, fewer than --eval-size 8: evaluating on 5" in caplog.text
+    caplog.clear()
+    with caplog.at_level(logging.WARNING, logger="qurl_mini"):
+        load_problems(_write_jsonl(tmp_path / "all.jsonl", ROWS), None, n_test=8, seed=0, max_number=10)
+    assert "held out a tenth of its 30 usable rows (give --test-data for more), 3 test problems, fewer than " \
+           "--eval-size 8" in caplog.text

@@ -21,9 +21,21 @@ def looks_like_path(model: str) -> bool:
     return model.startswith((".", "/", "~")) or model.count("/") > 1 or os.path.exists(model)
 
 
+LOCAL_MODEL = "give a local model folder instead (config.json, *.safetensors and the tokenizer's files)"
+
+
 def check_model_dir(model: str, flag: str = "--model") -> None:
-    """A local model folder has a readable config.json and complete weights (hub ids are left to transformers)."""
+    """A local model folder has a readable config.json and complete weights; a hub id, that the hub answers (or,
+    offline, that its config is in the local hub cache): the rest is left to transformers."""
     if not looks_like_path(model):
+        from huggingface_hub.constants import is_offline_mode
+
+        from .hub import USE_THE_CACHE, model_unavailable
+
+        why = model_unavailable(model)
+        if why:
+            raise ModelError(f"{flag} {model}: no such folder, and as a hub id it cannot be fetched ({why}); "
+                             f"{LOCAL_MODEL}{'' if is_offline_mode() else f'; {USE_THE_CACHE}'}")
         return
     folder = os.path.expanduser(model)
     if not os.path.isdir(folder):
