@@ -110,6 +110,25 @@ def test_wandb_runs_offline_into_the_run_folder(tmp_path, monkeypatch):
     assert records.stat().st_size > 0
 
 
+def test_wandb_online_without_its_server_is_one_line(tmp_path, monkeypatch):
+    """What wandb raises after its wait for a server it cannot reach (measured: 30 s with init_timeout, else 100 s),
+    without the wait."""
+    wandb = pytest.importorskip("wandb")
+    asked = {}
+
+    def no_server(**kwargs):
+        asked.update(kwargs)
+        raise wandb.errors.CommError('Timed out while retrying: Post "https://api.wandb.ai/graphql": dial tcp: lookup '
+                                     "api.wandb.ai: no such host")
+
+    monkeypatch.setattr(wandb, "init", no_server)
+    monkeypatch.setenv("WANDB_MODE", "online")
+    with pytest.raises(trackers.TrackerError, match=r"^--report-to wandb with WANDB_MODE=online: Timed out while "
+                                                     r"retrying: .* no such host; unset WANDB_MODE to log offline"):
+        trackers.Trackers(["wandb"], str(tmp_path), "r", {})
+    assert asked["mode"] == "online" and asked["settings"].init_timeout == 30
+
+
 # ----- one tiny real run with tensorboard and trackio, and eval.py on it -------------------------------------------
 
 

@@ -12,6 +12,7 @@ import logging
 import math
 import os
 from .errors import OneLineError
+from .paths import first_line
 
 log = logging.getLogger("qurl_mini")
 
@@ -86,8 +87,12 @@ class WandB:
         import wandb
 
         self.wandb, mode = wandb, os.environ.get("WANDB_MODE", "offline")
-        self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name, config=config,
-                              dir=run_dir, mode=mode)
+        try:  # online: wandb's own wait for its server is 90 s; 30 s is ample for an answer
+            self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", PROJECT), name=run_name, config=config,
+                                  dir=run_dir, mode=mode, settings=wandb.Settings(init_timeout=30))
+        except wandb.errors.Error as e:  # online: no network, no API key, a server that refuses
+            raise TrackerError(f"--report-to wandb with WANDB_MODE={mode}: {first_line(e)}; unset WANDB_MODE to log "
+                               "offline into the run folder (wandb sync uploads it later)") from None
         self.watch = f"wandb sync {os.path.dirname(self.run.dir)}" if mode == "offline" else self.run.url
 
     def log(self, values: dict, step: int) -> None:
