@@ -94,3 +94,15 @@ def test_real_problems_start_from_task_defaults_that_can_learn_and_the_console_n
     assert '"max_new_tokens": 512' in proc.stdout and '"lr": 1e-06' in proc.stdout
     assert ("real problems (--data gsm8k): --max-new-tokens 512, --lr 1e-06 (task defaults; pass the flags to change "
             "them)") in proc.stdout.splitlines()
+
+
+def test_a_preset_that_is_not_an_object_of_flags_is_one_line(tmp_path, monkeypatch):
+    from qurl_mini import config
+
+    monkeypatch.setattr(config, "PRESETS_DIR", str(tmp_path))
+    (tmp_path / "list.json").write_text("[1, 2]")
+    (tmp_path / "bytes.json").write_bytes(b"\xff\xfe{}")
+    with pytest.raises(config.ConfigError, match=r"list.json holds a JSON list, not an object of flags$"):
+        load_preset("list")
+    with pytest.raises(config.ConfigError, match=r"bytes.json is not UTF-8 text \(byte 0\)$"):
+        load_preset("bytes")
