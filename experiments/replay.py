@@ -182,7 +182,7 @@ def main(argv=None) -> int:
     os.makedirs(os.path.join(work, "logs"), exist_ok=True)
     common = ["--algo", "grpo", "--steps", str(args.steps), "--prompts-per-step", str(args.prompts_per_step),
               "--eval-every", str(max(1, args.steps // 2)), "--eval-size", str(args.eval_size),
-              "--save-every", str(args.steps)]
+              "--save-every", str(args.steps), "--shared-prompt", "false"]  # the path the committed runs took
     t0 = time.time()
     print(f"replay: {len(rows)} rows x {len(args.seeds)} seeds, {args.steps} steps each -> {work}", flush=True)
     table = {name: [read_run(run(work, f"{name}-seed{s}", common + TABLE_ROWS[name] + ["--seed", str(s)],
@@ -194,7 +194,8 @@ def main(argv=None) -> int:
     if not args.no_uaq:
         uaq_common = ["--algo", "grpo", "--quant", "int8", "--objective", "acr", "--steps", str(args.uaq_steps),
                       "--prompts-per-step", str(args.prompts_per_step), "--eval-every", "0", "--eval-size",
-                      str(min(args.eval_size, 20)), "--save-every", str(args.uaq_steps), "--seed", str(args.seeds[0])]
+                      str(min(args.eval_size, 20)), "--save-every", str(args.uaq_steps), "--seed", str(args.seeds[0]),
+                      "--shared-prompt", "false"]
         for name, (s, lr_mult) in list(UAQ_ROWS.items())[:2 if args.smoke else None]:
             flags = uaq_common + ["--uaq-scale", str(s), "--lr", f"{args.uaq_lr * lr_mult:g}"]
             uaq[name] = read_run(run(work, "uaq-" + name.replace(" ", "").replace(",", "-"), flags,

@@ -16,6 +16,8 @@ if REPO not in sys.path:
 # flags that do not change what a run computes (saving a checkpoint draws no randomness): runs that differ in
 # them are one experiment
 NEUTRAL_FLAGS = {"--save-every"}
+# what a run recorded before a flag existed computed: the path it ran then (the committed runs pin it)
+BEFORE_THE_FLAG = {"shared_prompt": False}
 
 
 def run(out_dir, name, flags, log_dir, core: int | None = None) -> str:
@@ -93,7 +95,8 @@ def one_experiment(table: dict, settings: dict, where: str) -> str:
             config = s.get("config", {})
             name = f"{row} seed {config.get('seed', '?')}"
             bases.setdefault((s.get("base_model_hash"), s["initial_test_accuracy"]), []).append(name)
-            recorded = {flag: config.get(flag.lstrip("-").replace("-", "_")) for flag in settings}
+            recorded = {flag: config.get(key, BEFORE_THE_FLAG.get(key)) for flag in settings
+                        for key in [flag.lstrip("-").replace("-", "_")]}
             odd += [f"{name} ({flag} {recorded[flag]})" for flag, value in settings.items()
                     if flag not in NEUTRAL_FLAGS and not _same(recorded[flag], value)]
     if len(bases) > 1 or None in {h for h, _ in bases}:
@@ -110,6 +113,8 @@ def one_experiment(table: dict, settings: dict, where: str) -> str:
 def _same(recorded, flag_value: str) -> bool:
     if recorded is None:
         return False
+    if isinstance(recorded, bool):
+        return recorded == (flag_value.lower() in ("true", "1", "yes"))
     try:
         return float(recorded) == float(flag_value)
     except (TypeError, ValueError):

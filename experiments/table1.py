@@ -32,7 +32,8 @@ SEEDS = [0, 1, 2]
 SETTINGS = {"--model": "smollm2-135m-arith", "--data": "synthetic", "--prompt-format": "chat", "--algo": "grpo",
             "--steps": "40", "--prompts-per-step": "8", "--group-size": "8", "--max-new-tokens": "24",
             "--lr": "1e-5", "--minibatches": "4", "--ppo-epochs": "2", "--kl-coef": "0", "--eval-every": "10",
-            "--eval-size": "100", "--save-every": "10", "--engine-dtype": "bfloat16"}
+            "--eval-size": "100", "--save-every": "10", "--engine-dtype": "bfloat16",
+            "--shared-prompt": "false"}  # the path the committed runs took (docs/shared-prompt.md)
 SMOKE = {"--steps": "2", "--prompts-per-step": "2", "--group-size": "4", "--minibatches": "2", "--eval-every": "1",
          "--eval-size": "4", "--save-every": "2"}
 RULE = ("with 3 seeds each: naive fails if its mean final greedy accuracy is >= 10 points under BF16's and its "
