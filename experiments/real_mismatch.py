@@ -38,13 +38,11 @@ ROWS = {
 SPEED_ROWS = ["bf16", "int8", "int8 keep first+last layer", "int8 keep outlier down_proj"]
 
 
-def gsm8k_prompts(tokenizer, path: str, n: int):
-    from qurl_mini.data import load_problems
+def gsm8k_prompts(tokenizer, problems) -> list[list[int]]:
     from qurl_mini.prompts import PromptBuilder
 
-    _, test = load_problems(path, path, n, seed=0, max_number=10)
     builder = PromptBuilder("chat", tokenizer)
-    return [builder.ids(p) for p in test[:n]]
+    return [builder.ids(p) for p in problems]
 
 
 def score(actor, rows: list[list[int]], prompt_lens: list[int], context=None):
@@ -242,6 +240,7 @@ def main(argv=None) -> int:
 
     from qurl_mini import quant
     from qurl_mini.actor import load_actor
+    from qurl_mini.data import load_problems
     from qurl_mini.engine import Platform, RolloutEngine
     from qurl_mini.evaluate import free_engine
     from qurl_mini.infra.hardware import describe_cpu
@@ -253,8 +252,9 @@ def main(argv=None) -> int:
 
     setup_logging()
     platform, cpu = Platform.detect(), describe_cpu()
+    _, problems = load_problems(args.data, args.data, args.prompts, seed=0, max_number=10)  # before the model
     actor, tokenizer = load_actor(resolve_model(args.model, os.path.join(REPO, ".cache")))
-    prompts = gsm8k_prompts(tokenizer, args.data, args.prompts)
+    prompts = gsm8k_prompts(tokenizer, problems)
     print(f"{args.model} on {cpu}: {len(prompts)} GSM8K prompts x up to {args.max_new_tokens} tokens, T = 1", flush=True)
     result = {"model": args.model, "cpu": cpu, "commit": commit(), "settings": vars(args), "rows": {}}
     int8_tokens = None
@@ -293,7 +293,13 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    from qurl_mini.infra.errors import OneLineError
+
     t0 = time.time()
-    code = main()
+    try:
+        code = main()
+    except OneLineError as e:  # a missing --data file, a model that cannot be fetched: one line
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
     print(f"{time.time() - t0:.0f} s")
     sys.exit(code)
