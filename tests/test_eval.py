@@ -115,6 +115,22 @@ def test_bad_input_is_one_line_and_exit_2(flags, message, tiny, bad_runs, capfd)
     assert message.replace("RUNS", str(bad_runs)) in lines[-1], err
 
 
+def test_a_runs_data_files_are_found_from_where_train_py_ran(tmp_path, monkeypatch):
+    from qurl_mini.evaluate import read_run
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / "t.jsonl").write_text('{"question": "q", "answer": "#### 1"}\n')
+    run = tmp_path / "runs" / "r"
+    run.mkdir(parents=True)
+    (run / "summary.json").write_text(json.dumps({
+        "base_model": "m", "final_model": "runs/r/final",
+        "config": {"data": "data/t.jsonl", "test_data": "data/t.jsonl", "seed": 0, "max_number": 10,
+                   "max_new_tokens": 8, "eval_size": 4, "out_dir": "runs", "run_name": "r"}}))
+    monkeypatch.chdir(tmp_path / "data")  # not where train.py ran (tmp_path), where its paths hold
+    settings, _ = read_run(str(run))
+    assert settings["data"] == settings["test_data"] == str(tmp_path / "data" / "t.jsonl")
+
+
 # ----- the engine against the trainer's HF greedy evaluation (slow: vLLM engines) -----------------
 
 
