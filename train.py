@@ -15,7 +15,7 @@ from qurl_mini.infra.errors import OneLineError  # noqa: E402
 
 def dry_run_report(cfg) -> str:
     """The resolved flags and the memory plan, without loading anything."""
-    from qurl_mini.infra.memory import memory_plan, model_shape
+    from qurl_mini.infra.memory import memory_plan, model_shape, shared_prompt_saving
 
     lines = ["resolved config:", json.dumps(cfg.to_dict(), indent=1)]
     if cfg.defaults_note():
@@ -27,6 +27,12 @@ def dry_run_report(cfg) -> str:
         lines.append(f"memory estimate (GiB, an ESTIMATE from the sizes; {shape.params / 1e9:.2f}B parameters):")
         for part, gib in memory_plan(cfg, shape).items():
             lines.append(f"  {part:90s} {gib if isinstance(gib, bool) else f'{gib:7.1f}'}")
+        if cfg.shared_prompt and cfg.group_size > 1:
+            prompt, response, group = cfg.max_prompt_tokens or 256, cfg.max_new_tokens, cfg.group_size
+            lines.append(f"--shared-prompt: a group of {group} responses of {response} tokens after a {prompt}-token prompt "
+                         f"runs {prompt + group * response} tokens instead of {group * (prompt + response)}: "
+                         f"{shared_prompt_saving(shape, prompt, response, group):.2f}x fewer log-prob and update FLOPs "
+                         "(attention's square counted whole; a COMPUTATION from the sizes, not a measurement)")
     return "\n".join(lines)
 
 

@@ -166,3 +166,24 @@ def test_minibatches_shuffle_groups_and_keep_their_sizes():
         assert sorted(torch.cat(parts).tolist()) == list(range(16))
         if shared:  # each minibatch is one whole group
             assert all(prompt_groups(experience[p].sequences) == [4] for p in parts)
+
+
+def test_the_dry_run_computes_the_flop_saving_from_the_sizes():
+    """The hand count: the decoder's matmuls on G(P+R) tokens unshared, P+GR shared; attention on every pair of
+    each row's square; the lm_head on the G x R response tokens either way."""
+    from qurl_mini.infra.memory import ModelShape, group_forward_flops, shared_prompt_saving
+
+    shape = ModelShape(layers=2, hidden=1, intermediate=4, heads=1, kv_heads=1, vocab=10, tied=True)
+    linear, head = 2 * shape.decoder_linear_params, 2 * shape.vocab * shape.hidden
+    prompt, response, group = 100, 10, 8
+    pairs_cost = 4 * shape.layers * shape.heads * shape.head_dim
+    unshared = linear * group * (prompt + response) + pairs_cost * group * (prompt + response) ** 2 + head * group * response
+    shared = linear * (prompt + group * response) + pairs_cost * (prompt + group * response) ** 2 + head * group * response
+    assert group_forward_flops(shape, prompt, response, group, shared=False) == unshared
+    assert group_forward_flops(shape, prompt, response, group, shared=True) == shared
+    assert shared_prompt_saving(shape, prompt, response, group) == pytest.approx(unshared / shared)
+    # at the GSM8K preset's shape, attention's square eats most of the decoder's 1.41x
+    from qurl_mini.infra.memory import KNOWN_SHAPES
+
+    qwen = KNOWN_SHAPES["Qwen/Qwen2.5-0.5B-Instruct"]
+    assert 1.0 < shared_prompt_saving(qwen, 150, 300, 8) < 3600 / 2550

@@ -73,8 +73,40 @@ def model_shape(model: str | None) -> ModelShape | None:
 
 
 def micro_batch_tokens(cfg) -> int:
-    """Padded tokens of one micro-batch: --max-tokens-per-micro-batch, else sequences x longest length."""
-    return cfg.max_tokens_per_micro_batch or cfg.micro_batch_size * ((cfg.max_prompt_tokens or 256) + cfg.max_new_tokens)
+    """Padded tokens of one micro-batch: --max-tokens-per-micro-batch, else its sequences at their longest
+    (--shared-prompt: each group's prompt once)."""
+    prompt, response = cfg.max_prompt_tokens or 256, cfg.max_new_tokens
+    if cfg.max_tokens_per_micro_batch:
+        return cfg.max_tokens_per_micro_batch
+    if getattr(cfg, "shared_prompt", False):
+        groups = max(1, cfg.micro_batch_size // cfg.group_size)
+        return groups * packed_row_tokens(prompt, response, min(cfg.group_size, cfg.micro_batch_size))
+    return cfg.micro_batch_size * (prompt + response)
+
+
+def packed_row_tokens(prompt: int, response: int, group: int) -> int:
+    """Tokens of one packed row `[prompt | r1 | ... | rG]`."""
+    return prompt + group * response
+
+
+def group_forward_flops(shape: ModelShape, prompt: int, response: int, group: int, shared: bool) -> float:
+    """Forward FLOPs of one group's log-probs: the decoder's matmuls on every token it runs, attention's two
+    products on every (query, key) pair the kernel computes (the whole square of a row: a masked pair still
+    costs), the lm_head on the response tokens only. Unshared: G rows of prompt + response; shared: one packed row."""
+    attention_per_pair = 4 * shape.layers * shape.heads * shape.head_dim
+    if shared:
+        width = packed_row_tokens(prompt, response, group)
+        tokens, pairs = width, width ** 2
+    else:
+        tokens, pairs = group * (prompt + response), group * (prompt + response) ** 2
+    head = shape.vocab * shape.hidden
+    return 2 * shape.decoder_linear_params * tokens + attention_per_pair * pairs + 2 * head * group * response
+
+
+def shared_prompt_saving(shape: ModelShape, prompt: int, response: int, group: int) -> float:
+    """How many times fewer forward (and backward) FLOPs a group costs with --shared-prompt."""
+    return (group_forward_flops(shape, prompt, response, group, shared=False)
+            / group_forward_flops(shape, prompt, response, group, shared=True))
 
 
 def memory_plan(cfg, shape: ModelShape, gpu_gib: float = 80.0, logprob_chunk_tokens: int = 1024) -> dict:
@@ -89,6 +121,8 @@ def memory_plan(cfg, shape: ModelShape, gpu_gib: float = 80.0, logprob_chunk_tok
         activations = tokens * shape.layers * one_layer
     logits = 3 * logprob_chunk_tokens * shape.vocab * 4  # one chunk: logits, softmax, gradient
     checkpointing = "gradient checkpointing" if cfg.gradient_checkpointing else "all layers kept"
+    rows = max(1, tokens // packed_row_tokens(cfg.max_prompt_tokens or 256, cfg.max_new_tokens, cfg.group_size))
+    mask = rows * min(tokens, packed_row_tokens(cfg.max_prompt_tokens or 256, cfg.max_new_tokens, cfg.group_size)) ** 2 * 6
     plan = {
         "actor (fp32 weights + grads + AdamW)": p * trained / GIB,
         "critic (PPO: backbone copy, trained)": (p - (shape.vocab * shape.hidden if not shape.tied else 0)) * trained / GIB
@@ -100,6 +134,9 @@ def memory_plan(cfg, shape: ModelShape, gpu_gib: float = 80.0, logprob_chunk_tok
         f"rollout engine ({cfg.quant}; weights + KV cache, --gpu-memory-utilization)": cfg.gpu_memory_utilization * gpu_gib,
         f"update: activations of one {tokens}-token micro-batch (bf16 autocast, {checkpointing})": activations / GIB,
         "update: fp32 logits of one log-prob chunk": logits / GIB,
+        # pack_groups' fp32 additive mask, and its bf16 copy inside attention under autocast
+        "update: block attention mask of one micro-batch's packed rows (--shared-prompt)":
+            mask / GIB if getattr(cfg, "shared_prompt", False) else 0.0,
     }
     resident = sum(v for k, v in plan.items() if k.startswith(("actor", "critic", "reference", "weight monitor")))
     rollout = plan[next(k for k in plan if k.startswith("rollout engine"))]
