@@ -87,7 +87,9 @@ def bench_shape(name, shape, args, platform, tmp):
            "quantized_params": sum(actor.get_parameter(n).numel() for n in quantized_names), "engines": {}}
     engines = {e: RolloutEngine.from_actor(actor, tok, os.path.join(tmp, f"{name}-{e}"), quant_fmt=ENGINES[e][0],
                                            platform=platform, dtype=ENGINES[e][1], seed=0, max_model_len=max_len,
-                                           kv_cache_gib=args.kv_cache_gib)[0] for e in args.engines}
+                                           kv_cache_gib=args.kv_cache_gib, enforce_eager=args.enforce_eager,
+                                           gpu_memory_utilization=args.gpu_memory_utilization)[0]
+               for e in args.engines}
     rates = decode_rates(engines, prompts, args.n, args.tokens, args.repeats)
     for engine_name, engine in engines.items():
         fmt, rate = ENGINES[engine_name][0], statistics.median(rates[engine_name])
@@ -167,6 +169,8 @@ def main() -> None:
     p.add_argument("--tokens", type=int, default=64, help="decoded tokens per sample (exactly)")
     p.add_argument("--repeats", type=int, default=5, help="timed rounds (each engine decodes one batch per round)")
     p.add_argument("--kv-cache-gib", type=int, default=2)
+    p.add_argument("--gpu-memory-utilization", type=float, default=0.3, help="CUDA: each engine's share of the GPU")
+    p.add_argument("--enforce-eager", action="store_true", help="CUDA: engines without CUDA graphs (CPU: always)")
     p.add_argument("--out", default="docs/results/bench_rollout", help="writes OUT.json and OUT.png ('' = none)")
     args = p.parse_args()
 

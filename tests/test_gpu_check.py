@@ -1,22 +1,65 @@
-"""The GPU acceptance check's CPU half (scripts/gpu_check.py --cpu-half): what it can check without CUDA."""
+"""The GPU acceptance check's CPU half (scripts/gpu_check.py --cpu-half) from a plain clone, and its parity
+check's self-test: a 10% weight-scale error in the engine fails it."""
+import argparse
+import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 
 import pytest
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CACHE = os.path.join(REPO, ".cache")  # named models converted once, shared with the other tests
+
+
+def gpu_check():
+    spec = importlib.util.spec_from_file_location("gpu_check", os.path.join(REPO, "scripts", "gpu_check.py"))
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def plain_clone(dest):
+    """This working tree's files as a clone would have them (tracked, and new files not ignored), without .venv,
+    .cache, runs/ or any folder beside the checkout."""
+    listed = subprocess.run(["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"], cwd=REPO,
+                            capture_output=True, text=True, check=True).stdout
+    for path in filter(None, listed.split("\0")):
+        if os.path.isfile(os.path.join(REPO, path)):  # not one deleted in the working tree
+            os.makedirs(os.path.dirname(os.path.join(dest, path)), exist_ok=True)
+            shutil.copy2(os.path.join(REPO, path), os.path.join(dest, path))
+    return dest
 
 
 @pytest.mark.slow
-def test_the_cpu_half_of_the_gpu_check_passes_and_reports_each_check(tmp_path):
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--cpu-half", "--out-dir", str(tmp_path),
-                           "--max-new-tokens", "16", "--prompts", "2", "--group", "2"], cwd=REPO, capture_output=True, text=True, timeout=900)
+def test_the_cpu_half_passes_in_a_plain_clone_and_reports_each_check(tmp_path):
+    clone = plain_clone(tmp_path / "clone")
+    assert not (tmp_path / "shared").exists()  # nothing beside the checkout: the shipped GSM8K sample is the data
+    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--cpu-half", "--out-dir", str(tmp_path / "out"),
+                           "--cache-dir", CACHE, "--max-new-tokens", "16", "--prompts", "2", "--group", "2"],
+                          cwd=clone, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "gpu-check.json").read_text())
+    report = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
     assert {n: r["status"] for n, r in report.items()} == {
         "cuda": "skipped", "parity-int8": "pass", "parity-fp8": "pass", "train-int8": "pass", "throughput": "skipped"}
-    assert report["parity-int8"]["value"] < 0.05 and report["train-int8"]["value"] > 0
+    limits = gpu_check().PARITY_LIMIT
+    for name in ("parity-int8", "parity-fp8"):
+        assert 0 < report[name]["value"] < limits[report[name]["engine"]], report[name]
+    assert report["train-int8"]["value"] > 0
     lines = [line for line in proc.stdout.splitlines() if line.split()[:1] and line.split()[0] in report]
     assert len(lines) == len(report)  # one line per check
+
+
+def test_train_int8_without_its_data_is_skipped_with_the_reason(tmp_path):
+    result = gpu_check().check_train(argparse.Namespace(data=str(tmp_path / "absent.jsonl"), test_data=None))
+    assert result["status"] == "skipped"
+    assert result["detail"].startswith(f"no data: --data {tmp_path / 'absent.jsonl'}: no such file"), result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fmt", ["int8", "fp8"])
+def test_a_10_percent_weight_scale_error_in_the_engine_fails_the_parity_check(fmt):
+    result = gpu_check().parity_result(fmt, CACHE, weight_error=1.1)
+    assert result["status"] == "fail", result
