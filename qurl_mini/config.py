@@ -15,7 +15,8 @@ from .infra.errors import OneLineError
 BASE_DEFAULTS = dict(clip_low=0.2, clip_high=0.2, kl_coef=1e-3, loss_agg="seq-mean-token-mean")
 # Defaults that follow the task, for flags left unset (a preset or a flag given wins). The synthetic task keeps the
 # toy's values; real problems (GSM8K, any file) get room for a chat model's worked answer and the paper's lr range
-# for full fine-tuning (1e-6 .. 1e-5). The prompt format needs no entry: 'auto' is chat where the tokenizer has a template.
+# for full fine-tuning (1e-6 .. 1e-5). The prompt format needs no entry: 'auto' is chat where the tokenizer has a
+# template.
 TASK_DEFAULTS = {"synthetic task": dict(max_new_tokens=24, lr=1e-4),
                  "real problems": dict(max_new_tokens=512, lr=1e-6)}
 
@@ -131,7 +132,8 @@ class Config:
     kv_cache_gib: int = flag(1, "CPU engine KV cache (GiB, whole number)")
     gpu_memory_utilization: float = flag(0.3, "CUDA engine memory share (the actor needs the rest)")
     enforce_eager: bool = flag(False, "CUDA: run the vLLM engines eagerly, without CUDA graphs and torch.compile "
-                                      "(a debugging opt-in, several times slower rollout; CPU engines always run eagerly)")
+                                      "(a debugging opt-in, a several times slower rollout; CPU engines always run "
+                                      "eagerly)")
     # watching the run
     report_to: list[str] = field(default_factory=lambda: ["none"], metadata={"help": (
         f"experiment trackers, one or more of {tuple(TRACKERS)} (or none): the per-step metrics, test accuracy, "

@@ -65,7 +65,8 @@ class SignalWatch:
             return (f"{steps}: every response scored 0 (no group has an advantage): nothing to learn from; start "
                     f"easier (an instruct or warm-started model, easier problems) or lower --lr")
         if accuracies == {1.0}:
-            return f"{steps}: every response scored 1 (no group has an advantage): nothing left to learn; use harder problems"
+            return (f"{steps}: every response scored 1 (no group has an advantage): nothing left to learn; use harder "
+                    f"problems")
         if truncated > 0.5:
             return f"{steps}: {cut}; raise --max-new-tokens"
         return None

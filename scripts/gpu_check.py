@@ -1,4 +1,4 @@
-"""The GPU acceptance check: run it first on a new GPU machine (`make gpu-check`, under 10 minutes on one GPU).
+"""The GPU acceptance check: run it first on a new GPU machine (`make gpu-check`; about 10 minutes, an estimate).
 
     python scripts/gpu_check.py                 # every check this machine can run; report in runs/gpu-check.json
     python scripts/gpu_check.py --cpu-half      # only the checks that need no CUDA (what `make test` runs)
@@ -160,8 +160,8 @@ def check_train(args) -> dict:
     out = tempfile.mkdtemp(prefix="gpu-check-")
     steps = 3
     cmd = [sys.executable, os.path.join(REPO, "train.py"), "--model", "smollm2-135m", "--out-dir", out,
-           "--run-name", "train-int8", "--data", args.data, *(["--test-data", args.test_data] if args.test_data else []),
-           "--prompt-format", "chat",
+           "--run-name", "train-int8", "--data", args.data,
+           *(["--test-data", args.test_data] if args.test_data else []), "--prompt-format", "chat",
            "--quant", "int8", "--steps", str(steps), "--prompts-per-step", str(args.prompts), "--group-size", str(args.group),
            "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-tokens", "256", "--eval-size", "4",
            "--sync-check-every", "1", "--lr", "1e-6", "--minibatches", "2", "--cache-dir", args.cache_dir,

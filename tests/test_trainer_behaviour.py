@@ -172,8 +172,9 @@ def test_a_steps_signal_shares_and_the_one_warning_of_a_run_that_cannot_learn(ca
         for step in (3, 4, 5):
             watch.observe(step, 0.0, 1.0)
     (warning,) = caplog.records  # once per run
-    assert warning.getMessage() == ("steps 1-3: every response scored 0 and 97% of the responses hit --max-new-tokens "
-                                    "4, cut off before their '####' answer: nothing to learn from; raise --max-new-tokens")
+    assert warning.getMessage() == ("steps 1-3: every response scored 0 and 97% of the responses hit "
+                                    "--max-new-tokens 4, cut off before their '####' answer: nothing to learn from; "
+                                    "raise --max-new-tokens")
 
     def verdict(*steps):  # (accuracy, truncated share) of 3 steps in a row
         watch = SignalWatch(max_new_tokens=24)
