@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install track real-model verl-env demo demo-real test gpu-check bench replay contrast mismatch table1 clean
+.PHONY: install track real-model verl-env demo demo-real test gpu-check bench replay contrast mismatch table1 long-horizon clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -111,6 +111,11 @@ mismatch: install
 # the paper's Table 1 on SmolLM2-135M-Instruct (4 rows x 3 seeds; runs on disk are reused, a stopped one resumes)
 table1: install real-model
 	$(BIN)/python experiments/table1.py --parallel $(if $(filter cpu,$(TARGET)),2,1)
+
+# the paper's long-horizon claim: TIS vs ACR at int3 and the unquantized rollout, 1,000 steps x 3 seeds (runs on disk
+# are reused, a stopped one resumes from its checkpoint) -> docs/results/long_horizon*; on a CPU two runs at a time
+long-horizon: install
+	$(BIN)/python experiments/long_horizon.py --parallel $(if $(filter cpu,$(TARGET)),2,1)
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache runs
