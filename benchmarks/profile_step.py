@@ -87,7 +87,8 @@ def main(argv=None) -> int:
     cfg = Config(model=args.model, data="synthetic", prompt_format="chat", algo="grpo", quant="int8", objective="acr",
                  steps=args.steps, prompts_per_step=8, group_size=8, max_new_tokens=24, lr=1e-5, kl_coef=0.0,
                  minibatches=4, ppo_epochs=1, eval_size=8, out_dir=out_dir, cache_dir=os.path.join(REPO, ".cache"),
-                 run_name="profile", sync_check_every=0)
+                 run_name="profile", sync_check_every=0,
+                 shared_prompt=False)  # one row per response, as profile_step.json was measured (bench_shared_prompt.py: the packed step)
     phases, tokens = [], []
     with Trainer(cfg) as trainer:
         captured = {}
