@@ -63,8 +63,8 @@ def test_int3_per_channel_training_and_int2_group_eval(tmp_path):
     """`train.py --quant int3 --quant-group 0 --steps 2` runs (engine, sync and sync probe on that grid),
     then `eval.py --quant int2 --quant-group 32` evaluates its final model on an emulated engine."""
     proc = subprocess.run([sys.executable, "train.py", "--cache-dir", CACHE, "--out-dir", str(tmp_path),
-                           "--quant", "int3", "--quant-group", "0", "--steps", "2", "--prompts-per-step", "8",
-                           "--eval-size", "20", "--run-name", "dial", "--sync-check-every", "1"],
+                           "--quant", "int3", "--quant-group", "0", "--steps", "2", "--prompts-per-step", "4",
+                           "--eval-size", "4", "--run-name", "dial", "--sync-check-every", "1"],
                           cwd=REPO, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     said = " ".join((proc.stdout + proc.stderr).split())  # the run's log (rich wraps long lines)
@@ -79,13 +79,13 @@ def test_int3_per_channel_training_and_int2_group_eval(tmp_path):
         assert r["codes_changed_frac"] >= 0
     out = tmp_path / "eval.json"
     proc = subprocess.run([sys.executable, "eval.py", "--model", str(tmp_path / "dial" / "final"), "--quant", "int2",
-                           "--quant-group", "32", "--eval-size", "20", "--out", str(out)],
+                           "--quant-group", "32", "--eval-size", "4", "--out", str(out)],
                           cwd=REPO, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(out.read_text())
     (model,) = result["models"].values()
     assert model["engine_format"] == "int2-emulated" and result["settings"]["quant_group"] == 32
-    assert model["n_problems"] == 20
+    assert model["n_problems"] == 4
     # a group size that does not divide the columns: one line, exit 2
     proc = subprocess.run([sys.executable, "eval.py", "--model", str(tmp_path / "dial" / "final"), "--quant", "int2",
                            "--quant-group", "40", "--eval-size", "4"], cwd=REPO, capture_output=True, text=True)
