@@ -33,7 +33,9 @@ POLICY_STATS = ("clip_frac", "tis_trunc_frac", "rho_max", "kl_behav_prox", "poli
 
 
 def test_grpo_int8_run_learns_and_logs_the_quantization_picture(tmp_path):
-    run_train(tmp_path, "--algo", "grpo", "--quant", "int8", "--steps", "20", "--eval-every", "10",
+    # 10 steps (eval at 5 and 10): the demo's run is at ~95% greedy from 37% by step 20, so 10 points by step 10
+    # is far inside what the run does, and still fails a run that does not learn
+    run_train(tmp_path, "--algo", "grpo", "--quant", "int8", "--steps", "10", "--eval-every", "5",
               "--run-name", "learn")
     run_dir = tmp_path / "learn"
     summary = json.loads((run_dir / "summary.json").read_text())
@@ -41,7 +43,7 @@ def test_grpo_int8_run_learns_and_logs_the_quantization_picture(tmp_path):
     print(f"greedy test accuracy {summary['initial_test_accuracy']:.3f} -> {summary['final_test_accuracy']:.3f}")
     assert gain >= 0.10, summary
     rows = metrics(run_dir)
-    assert [r["step"] for r in rows] == list(range(1, 21))
+    assert [r["step"] for r in rows] == list(range(1, 11))
     for r in rows:
         assert all(k in r for k in POLICY_STATS + ("quant_error_norm", "codes_changed_frac", "weight_update_norm"))
     mismatch = sorted(abs(r["kl_behav_prox"]) for r in rows)
@@ -54,7 +56,7 @@ def test_grpo_int8_run_learns_and_logs_the_quantization_picture(tmp_path):
 @pytest.mark.parametrize("algo", ["ppo", "dapo"])
 def test_ppo_and_dapo_run_end_to_end_with_int8_rollout(tmp_path, algo):
     run_train(tmp_path, "--algo", algo, "--quant", "int8", "--steps", "4", "--eval-every", "0",
-              "--eval-size", "50", "--run-name", algo)
+              "--eval-size", "4", "--run-name", algo)  # nothing here reads the greedy accuracy
     rows = metrics(tmp_path / algo)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
@@ -103,7 +105,7 @@ def _eq14_fp8_error(model_dir) -> float:
 
 
 def test_fp8_on_cpu_is_emulated_and_says_so(tmp_path):
-    proc = run_train(tmp_path, "--quant", "fp8", "--steps", "2", "--eval-every", "0", "--eval-size", "20",
+    proc = run_train(tmp_path, "--quant", "fp8", "--steps", "2", "--eval-every", "0", "--eval-size", "4",
                      "--run-name", "fp8")
     assert "EMULATES FP8" in proc.stderr + proc.stdout
     rows = metrics(tmp_path / "fp8")
