@@ -112,9 +112,9 @@ def shared_prompt_logprobs(model, seq, group_sizes: list[int], temperature: floa
     packed = pack_groups(seq, group_sizes).to(device_of(model))
     inputs = dict(input_ids=packed.input_ids, attention_mask=packed.attention_bias, position_ids=packed.position_ids)
     if getattr(model.config, "final_logit_softcapping", None) or hasattr(model.config, "logit_scale"):
-        logits = model(**inputs).logits.flatten(0, 1)[packed.hidden_index].float() / temperature  # the model's own head
+        logits = packed.gather(model(**inputs).logits).float() / temperature  # the model's own head
         return packed.unpack(logits.log_softmax(-1).gather(-1, packed.target_ids[:, None]).squeeze(-1))
-    hidden = model.base_model(**inputs).last_hidden_state.flatten(0, 1)[packed.hidden_index]
+    hidden = packed.gather(model.base_model(**inputs).last_hidden_state)
     return packed.unpack(head_logprobs(model, hidden, packed.target_ids, temperature, chunk_tokens))
 
 
@@ -206,7 +206,7 @@ class Critic(torch.nn.Module):
         packed = pack_groups(seq, groups).to(device_of(self))
         hidden = self.backbone(input_ids=packed.input_ids, attention_mask=packed.attention_bias,
                                position_ids=packed.position_ids).last_hidden_state
-        return packed.unpack(self._head(hidden.flatten(0, 1)[packed.hidden_index]))
+        return packed.unpack(self._head(packed.gather(hidden)))
 
     def _head(self, hidden):
         with torch.autocast(hidden.device.type, enabled=False):  # the value head in fp32, also under autocast

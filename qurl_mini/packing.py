@@ -33,6 +33,12 @@ class PackedRows:
         return PackedRows(*(t.to(device) for t in (self.input_ids, self.position_ids, self.attention_bias,
                                                     self.hidden_index, self.target_ids, self.out_index)), self.out_shape)
 
+    def gather(self, per_position: torch.Tensor) -> torch.Tensor:
+        """[R, W, ...] -> [T, ...]: the entry that scores each response token. index_select, not indexing: the
+        prompt's last position is taken G times, and indexing's backward adds those G gradients with atomic adds
+        in a thread-timed order on a CPU (not reproducible from run to run); index_select's adds them in order."""
+        return per_position.flatten(0, 1).index_select(0, self.hidden_index)
+
     def unpack(self, per_token: torch.Tensor) -> torch.Tensor:
         """[T] values of the response tokens -> the unshared [n, L-1] layout (0 elsewhere)."""
         out = per_token.new_zeros(self.out_shape[0] * self.out_shape[1])
