@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, test_accuracy_curve
 
 ROWS = {"int3-tis": ["--quant", "int3", "--quant-group", "0", "--objective", "tis"],
         "int3-acr": ["--quant", "int3", "--quant-group", "0", "--objective", "acr"],
@@ -444,23 +444,7 @@ def flags(settings: dict, row: str, seed: int) -> list[str]:
 
 def run_all(work: str, jobs: list[tuple[str, str, list[str]]], parallel: int) -> None:
     """jobs: (run name, row, flags); parallel > 1: that many at a time, each pinned to its own core."""
-    from concurrent.futures import ThreadPoolExecutor
-    from queue import Queue
-
-    cores = Queue()
-    for core in range(max(1, parallel)):
-        cores.put(core if parallel > 1 else None)
-
-    def one(job):
-        name, _, job_flags = job
-        core = cores.get()
-        try:
-            return run(work, name, job_flags, os.path.join(work, "logs"), core=core)
-        finally:
-            cores.put(core)
-
-    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
-        list(pool.map(one, jobs))
+    run_many(work, [(name, job_flags) for name, _, job_flags in jobs], os.path.join(work, "logs"), parallel)
 
 
 def partial_run(run_dir: str) -> dict | None:

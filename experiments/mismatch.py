@@ -47,8 +47,8 @@ ALL_OBJECTIVES = {**OBJECTIVES, **FIELD_OBJECTIVES}
 SETTINGS = {"--algo": "grpo", "--steps": "40", "--prompts-per-step": "16", "--group-size": "8", "--minibatches": "4",
             "--ppo-epochs": "2", "--kl-coef": "0", "--eval-every": "10", "--eval-size": "200", "--save-every": "40",
             "--engine-dtype": "float32", "--shared-prompt": "false"}  # the path the committed runs took
-SMOKE = {"--steps": "2", "--prompts-per-step": "4", "--group-size": "4", "--minibatches": "2", "--eval-every": "1",
-         "--eval-size": "8", "--save-every": "2"}
+SMOKE = {"--steps": "2", "--prompts-per-step": "4", "--group-size": "4", "--minibatches": "1", "--ppo-epochs": "1",
+         "--eval-every": "2", "--eval-size": "8", "--save-every": "2"}
 TIS_CAP = 2.0  # train.py's default C
 
 

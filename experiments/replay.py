@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, series, test_accuracy_curve
 
 # Table 1 analogue: name -> train.py flags
 TABLE_ROWS = {
@@ -171,6 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--uaq-lr", type=float, default=1e-5, help="the small learning rate of the UAQ rows")
     p.add_argument("--no-uaq", action="store_true", help="skip the Fig. 9 / Table 4 rows")
     p.add_argument("--smoke", action="store_true", help="2 steps of bf16 and int8-acr, one seed, tiny eval")
+    p.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned to one CPU core")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "replay"),
                    help="writes OUT.md, OUT.json and OUT_*.png; runs go to OUT_work/")
     args = p.parse_args(argv)
@@ -185,21 +186,22 @@ def main(argv=None) -> int:
               "--save-every", str(args.steps), "--shared-prompt", "false"]  # the path the committed runs took
     t0 = time.time()
     print(f"replay: {len(rows)} rows x {len(args.seeds)} seeds, {args.steps} steps each -> {work}", flush=True)
-    table = {name: [read_run(run(work, f"{name}-seed{s}", common + TABLE_ROWS[name] + ["--seed", str(s)],
-                                 os.path.join(work, "logs")))
-                    for s in args.seeds] for name in rows}
-    settings_flags = dict(zip(common[::2], common[1::2]))
-    base_hash = one_experiment(table, settings_flags, f"replay ({work})")
-    uaq = {}
+    jobs = [(f"{name}-seed{s}", common + TABLE_ROWS[name] + ["--seed", str(s)]) for name in rows for s in args.seeds]
+    uaq_jobs = {}
     if not args.no_uaq:
         uaq_common = ["--algo", "grpo", "--quant", "int8", "--objective", "acr", "--steps", str(args.uaq_steps),
                       "--prompts-per-step", str(args.prompts_per_step), "--eval-every", "0", "--eval-size",
                       str(min(args.eval_size, 20)), "--save-every", str(args.uaq_steps), "--seed", str(args.seeds[0]),
                       "--shared-prompt", "false"]
         for name, (s, lr_mult) in list(UAQ_ROWS.items())[:2 if args.smoke else None]:
-            flags = uaq_common + ["--uaq-scale", str(s), "--lr", f"{args.uaq_lr * lr_mult:g}"]
-            uaq[name] = read_run(run(work, "uaq-" + name.replace(" ", "").replace(",", "-"), flags,
-                                     os.path.join(work, "logs")))
+            uaq_jobs[name] = ("uaq-" + name.replace(" ", "").replace(",", "-"),
+                              uaq_common + ["--uaq-scale", str(s), "--lr", f"{args.uaq_lr * lr_mult:g}"])
+    run_many(work, jobs + list(uaq_jobs.values()), os.path.join(work, "logs"), args.parallel)
+    table = {name: [read_run(os.path.join(work, "runs", f"{name}-seed{s}")) for s in args.seeds] for name in rows}
+    settings_flags = dict(zip(common[::2], common[1::2]))
+    base_hash = one_experiment(table, settings_flags, f"replay ({work})")
+    uaq = {name: read_run(os.path.join(work, "runs", run_name)) for name, (run_name, _) in uaq_jobs.items()}
+    if uaq:
         odd = [n for n, r in uaq.items() if r["summary"].get("base_model_hash") != base_hash]
         if odd:
             raise SystemExit(f"error: replay ({work}): the UAQ rows {', '.join(odd)} start from another base than the "

@@ -45,6 +45,28 @@ def run(out_dir, name, flags, log_dir, core: int | None = None) -> str:
     return run_dir
 
 
+def run_many(out_dir, jobs: list[tuple[str, list[str]]], log_dir, parallel: int = 1) -> list[str]:
+    """run() for each (name, flags), `parallel` at a time, each pinned to its own CPU core when parallel > 1;
+    returns the run folders in the jobs' order."""
+    from concurrent.futures import ThreadPoolExecutor
+    from queue import Queue
+
+    cores = Queue()
+    for core in range(max(1, parallel)):
+        cores.put(core if parallel > 1 else None)
+
+    def one(job):
+        name, flags = job
+        core = cores.get()
+        try:
+            return run(out_dir, name, flags, log_dir, core=core)
+        finally:
+            cores.put(core)
+
+    with ThreadPoolExecutor(max_workers=max(1, parallel)) as pool:
+        return list(pool.map(one, jobs))
+
+
 def read_run(run_dir) -> dict:
     with open(os.path.join(run_dir, "summary.json")) as f:
         summary = json.load(f)
