@@ -317,7 +317,7 @@ logging.basicConfig(level=logging.INFO, format="%(message)s")
 from qurl_mini.data import synthetic_splits
 from qurl_mini.embedded import warm_start
 train, _ = synthetic_splits(64, 0, 20)
-print("DIR", warm_start(sys.argv[1], train, steps=40, lr=1e-3, teacher_slip=0.5))
+print("DIR", warm_start(sys.argv[1], train, steps=10, lr=1e-3, teacher_slip=0.5))
 """
 
 
