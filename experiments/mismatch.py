@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, series, test_accuracy_curve
 
 # the dial, finest to coarsest: label -> (--quant, --quant-group)
 DIAL = {"int8": ("int8", 0), "fp8": ("fp8", 0), "int6": ("int6", 0), "int5": ("int5", 0),
@@ -333,30 +333,14 @@ def most_mismatched_that_trains(stats: dict, formats: list[str]) -> str:
 def train_all(work: str, groups: list[list[str]], seeds: list[int], settings: dict, parallel: int = 1) -> dict:
     """Group by group (a format's rows), seed by seed, so a partial sweep answers its first format first;
     parallel > 1: that many runs at a time, each pinned to its own CPU core; 0: start none, read those on disk."""
-    from concurrent.futures import ThreadPoolExecutor
-    from queue import Queue
-
     flags = [x for kv in settings.items() for x in kv]
     jobs = [(row, seed) for rows in groups for seed in seeds for row in rows]
-    cores = Queue()
-    for core in range(parallel):
-        cores.put(core if parallel > 1 else None)
-
-    def one(job):
-        row, seed = job
-        core = cores.get()
-        try:
-            return run(work, f"{row}-seed{seed}", flags + row_flags(row) + ["--seed", str(seed)],
-                       os.path.join(work, "logs"), core=core)
-        finally:
-            cores.put(core)
-
     if parallel == 0:  # report only: the runs already on disk
         run_dirs = [os.path.join(work, "runs", f"{row}-seed{seed}") for row, seed in jobs]
         jobs, run_dirs = zip(*[(j, d) for j, d in zip(jobs, run_dirs) if os.path.exists(os.path.join(d, "summary.json"))])
     else:
-        with ThreadPoolExecutor(max_workers=parallel) as pool:
-            run_dirs = list(pool.map(one, jobs))
+        run_dirs = run_many(work, [(f"{row}-seed{seed}", flags + row_flags(row) + ["--seed", str(seed)])
+                                   for row, seed in jobs], os.path.join(work, "logs"), parallel)
     table = {}
     for (row, _), run_dir in zip(jobs, run_dirs):
         table.setdefault(row, []).append(read_run(run_dir))

@@ -46,14 +46,18 @@ def run(out_dir, name, flags, log_dir, core: int | None = None) -> str:
 
 
 def run_many(out_dir, jobs: list[tuple[str, list[str]]], log_dir, parallel: int = 1) -> list[str]:
-    """run() for each (name, flags), `parallel` at a time, each pinned to its own CPU core when parallel > 1;
-    returns the run folders in the jobs' order."""
+    """run() for each (name, flags), `parallel` at a time, each pinned to its own CPU core when parallel > 1 (one
+    of the cores this process may run on: a container's may not start at 0); returns the run folders in the jobs'
+    order."""
     from concurrent.futures import ThreadPoolExecutor
     from queue import Queue
 
+    allowed = sorted(os.sched_getaffinity(0))
+    if parallel > len(allowed):
+        raise SystemExit(f"error: --parallel {parallel}: this process may run on {len(allowed)} CPU core(s) only")
     cores = Queue()
-    for core in range(max(1, parallel)):
-        cores.put(core if parallel > 1 else None)
+    for core in (allowed[:parallel] if parallel > 1 else [None]):
+        cores.put(core)
 
     def one(job):
         name, flags = job

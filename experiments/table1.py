@@ -18,7 +18,7 @@ import os
 import statistics
 import sys
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, series, test_accuracy_curve
 
 ROWS = {"bf16": ["--quant", "none", "--objective", "ppo"],
         "int8-naive": ["--quant", "int8", "--objective", "naive"],
@@ -148,24 +148,7 @@ def main(argv=None) -> int:
     runs_dir, logs = args.out + "_runs", args.out + "_runs/logs"
     jobs = [(row, seed) for seed in args.seeds for row in args.rows]  # seed-major: each seed's table fills first
     if not args.report_only:
-        import queue
-        from concurrent.futures import ThreadPoolExecutor
-
-        free_cores = queue.Queue()
-        for core in range(args.parallel):
-            free_cores.put(core)
-
-        def one(job):  # on a free core of its own (or unpinned when one run at a time)
-            row, seed = job
-            core = free_cores.get()
-            try:
-                return run(runs_dir, f"{row}-s{seed}", flags(row, seed, args.smoke), logs,
-                           core=None if args.parallel == 1 else core)
-            finally:
-                free_cores.put(core)
-
-        with ThreadPoolExecutor(args.parallel) as pool:
-            list(pool.map(one, jobs))
+        run_many(runs_dir, [(f"{row}-s{seed}", flags(row, seed, args.smoke)) for row, seed in jobs], logs, args.parallel)
     runs = {row: [read_run(os.path.join(runs_dir, "runs", f"{row}-s{s}")) for s in args.seeds
                   if os.path.exists(os.path.join(runs_dir, "runs", f"{row}-s{s}", "summary.json"))] for row in args.rows}
     one_experiment(runs, {**SETTINGS, **(SMOKE if args.smoke else {})}, f"Table 1 ({runs_dir})")

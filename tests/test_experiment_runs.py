@@ -37,3 +37,19 @@ def test_a_run_stopped_part_way_resumes_from_its_checkpoint_with_its_start_accur
     assert "resumed from" in open(os.path.join(logs, "r.log")).read()
     assert not (run_dir / "checkpoints").exists()  # a finished run's resume points go; its final model stays
     assert (run_dir / "final" / "model.safetensors").exists()
+
+
+def test_runs_side_by_side_are_pinned_to_cores_this_process_may_use(tmp_path, monkeypatch):
+    """--parallel N pins each run to one of the cores in this process's affinity (a container's cpuset may not
+    start at 0); more runs at a time than those cores is one line."""
+    pinned = []
+    monkeypatch.setattr(runs, "run", lambda out_dir, name, flags, log_dir, core=None: pinned.append(core) or name)
+    allowed = sorted(os.sched_getaffinity(0))
+    assert runs.run_many(tmp_path, [("a", []), ("b", [])], tmp_path, parallel=1) == ["a", "b"] and pinned == [None] * 2
+    if len(allowed) >= 2:
+        pinned.clear()
+        assert runs.run_many(tmp_path, [("a", []), ("b", []), ("c", [])], tmp_path, parallel=2) == ["a", "b", "c"]
+        assert set(pinned) <= set(allowed[:2]) and len(pinned) == 3
+    with pytest.raises(SystemExit, match=rf"^error: --parallel {len(allowed) + 1}: this process may run on "
+                                         rf"{len(allowed)} CPU core\(s\) only$"):
+        runs.run_many(tmp_path, [("a", [])], tmp_path, parallel=len(allowed) + 1)

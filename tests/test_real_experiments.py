@@ -56,7 +56,7 @@ def test_table1_rows_differ_only_in_the_rollout_format_and_the_objective():
 
 
 SMOKE_ROWS = ["bf16", "int8-acr"]  # the two whose mismatch the smoke compares
-PARALLEL = min(2, os.cpu_count() or 1)  # the runs side by side, each pinned to a core (the scripts' --parallel)
+PARALLEL = min(2, len(os.sched_getaffinity(0)))  # the runs side by side, each pinned to a core (the scripts' --parallel)
 
 
 @pytest.mark.slow
