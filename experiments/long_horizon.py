@@ -442,11 +442,6 @@ def flags(settings: dict, row: str, seed: int) -> list[str]:
     return [x for kv in settings.items() for x in kv] + ROWS[row] + ["--seed", str(seed)]
 
 
-def run_all(work: str, jobs: list[tuple[str, str, list[str]]], parallel: int) -> None:
-    """jobs: (run name, row, flags); parallel > 1: that many at a time, each pinned to its own core."""
-    run_many(work, [(name, job_flags) for name, _, job_flags in jobs], os.path.join(work, "logs"), parallel)
-
-
 def partial_run(run_dir: str) -> dict | None:
     """A run still going (or stopped): its metrics so far, no summary."""
     from qurl_mini.metrics import read_metrics
@@ -480,12 +475,12 @@ def collect(work: str, rows: list[str], seeds: list[int]) -> tuple[dict, dict, l
 
 def pilot(args) -> int:
     work = args.out + "_pilot_runs"
-    jobs = [(f"{name}-{row}-seed0", row, flags({**SETTINGS, **PILOT_CANDIDATES[name], "--steps": str(args.pilot_steps)},
-                                               row, 0))
+    jobs = [(f"{name}-{row}-seed0", flags({**SETTINGS, **PILOT_CANDIDATES[name], "--steps": str(args.pilot_steps)},
+                                          row, 0))
             for name in args.pilot for row in PILOT_ROWS]
     if not args.report_only:
         print(f"pilot: {len(jobs)} runs of {args.pilot_steps} steps -> {work}", flush=True)
-        run_all(work, jobs, args.parallel)
+        run_many(work, jobs, os.path.join(work, "logs"), args.parallel)
     return write_pilot(args, work)
 
 
@@ -575,10 +570,10 @@ def main(argv=None) -> int:
     settings = {**SETTINGS, **(SMOKE if args.smoke else {})}
     t0 = time.time()
     if not args.report_only:
-        jobs = [(f"{row}-seed{seed}", row, flags(settings, row, seed)) for seed in args.seeds for row in args.rows]
+        jobs = [(f"{row}-seed{seed}", flags(settings, row, seed)) for seed in args.seeds for row in args.rows]
         print(f"long horizon: {len(args.rows)} rows x {len(args.seeds)} seeds, {settings['--steps']} steps each "
               f"-> {args.work}", flush=True)
-        run_all(args.work, jobs, args.parallel)
+        run_many(args.work, jobs, os.path.join(args.work, "logs"), args.parallel)
     table, curves, going = collect(args.work, args.rows, args.seeds)
     nothing = not table and not going
     one_experiment(table, settings, f"long horizon ({args.work})")
