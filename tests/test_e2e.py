@@ -32,17 +32,7 @@ POLICY_STATS = ("clip_frac", "tis_trunc_frac", "rho_max", "kl_behav_prox", "poli
                 "reward_mean", "accuracy", "response_len", "time_rollout", "time_logprob", "time_update", "time_sync")
 
 
-# the demo's run, short: 8 steps, greedy eval at 4 and 8, a checkpoint every 3. One run serves two tests: it must
-# learn, and it is the uninterrupted twin of the SIGKILLed run below (the same flags, so the same numbers)
-DEMO_FLAGS = ["--algo", "grpo", "--quant", "int8", "--steps", "8", "--eval-every", "4", "--save-every", "3", "--keep",
-              "5"]
-
-
-@pytest.fixture(scope="module")
-def demo_run(tmp_path_factory):
-    out = tmp_path_factory.mktemp("whole")
-    run_train(out, *DEMO_FLAGS, "--run-name", "r")
-    return out / "r"
+# demo_run (conftest.py): the demo's run, short, shared with test_sync_probe; it is also the SIGKILL test's twin
 
 
 def test_grpo_int8_run_learns_and_logs_the_quantization_picture(demo_run):
@@ -63,21 +53,34 @@ def test_grpo_int8_run_learns_and_logs_the_quantization_picture(demo_run):
     assert (demo_run / "curves.png").stat().st_size > 10_000
 
 
-@pytest.mark.parametrize("algo", ["ppo", "dapo"])
-def test_ppo_and_dapo_run_end_to_end_with_int8_rollout(tmp_path, algo):
-    run_train(tmp_path, "--algo", algo, "--quant", "int8", "--steps", "4", "--eval-every", "0",
-              "--eval-size", "4", "--run-name", algo)  # nothing here reads the greedy accuracy
-    rows = metrics(tmp_path / algo)
+@pytest.fixture(scope="module")
+def ppo_fp8_run(tmp_path_factory):
+    """PPO with FP8 rollout, 4 steps: one run for the PPO test and the FP8 test (nothing here reads the greedy
+    accuracy). Returns (the run's console, its folder)."""
+    out = tmp_path_factory.mktemp("ppo")
+    proc = run_train(out, "--algo", "ppo", "--quant", "fp8", "--steps", "4", "--eval-every", "0", "--eval-size", "4",
+                     "--run-name", "ppo")
+    return proc.stdout + proc.stderr, out / "ppo"
+
+
+def test_ppo_runs_end_to_end_and_its_critic_fits(ppo_fp8_run):
+    rows = metrics(ppo_fp8_run[1])
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for r in rows:
         assert all(k in r for k in POLICY_STATS)
-        if algo == "ppo":  # the critic is fitted: a squared error of values in [0, 1] against returns in [0, 1]
-            assert 0 <= r["value_loss"] <= 1
-        else:  # dynamic sampling kept only groups with right and wrong answers: G = 8, so 1/8 <= accuracy <= 7/8
-            assert r["batch_prompts"] >= 1 and r["groups_dropped"] >= 0
-            assert 1 / 8 <= r["accuracy"] <= 7 / 8, r
-    if algo == "ppo":
-        assert rows[-1]["value_loss"] < rows[0]["value_loss"], [r["value_loss"] for r in rows]
+        assert 0 <= r["value_loss"] <= 1  # a squared error of values in [0, 1] against returns in [0, 1]
+    assert rows[-1]["value_loss"] < rows[0]["value_loss"], [r["value_loss"] for r in rows]
+
+
+def test_dapo_runs_end_to_end_with_int8_rollout(tmp_path):
+    run_train(tmp_path, "--algo", "dapo", "--quant", "int8", "--steps", "4", "--eval-every", "0", "--eval-size", "4",
+              "--run-name", "dapo")
+    rows = metrics(tmp_path / "dapo")
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for r in rows:  # dynamic sampling kept only groups with right and wrong answers: G = 8, so 1/8 <= acc <= 7/8
+        assert all(k in r for k in POLICY_STATS)
+        assert r["batch_prompts"] >= 1 and r["groups_dropped"] >= 0
+        assert 1 / 8 <= r["accuracy"] <= 7 / 8, r
 
 
 def test_a_run_too_short_to_answer_warns_once_in_one_line_with_the_fix(tmp_path):
@@ -114,20 +117,18 @@ def _eq14_fp8_error(model_dir) -> float:
     return error2 / norm2
 
 
-def test_fp8_on_cpu_is_emulated_and_says_so(tmp_path):
-    proc = run_train(tmp_path, "--quant", "fp8", "--steps", "2", "--eval-every", "0", "--eval-size", "4",
-                     "--run-name", "fp8")
-    assert "EMULATES FP8" in proc.stderr + proc.stdout
-    rows = metrics(tmp_path / "fp8")
-    start = json.loads((tmp_path / "fp8" / "summary.json").read_text())["base_model"]
+def test_fp8_on_cpu_is_emulated_and_says_so(ppo_fp8_run):
+    console, run_dir = ppo_fp8_run
+    assert "EMULATES FP8" in console
+    start = json.loads((run_dir / "summary.json").read_text())["base_model"]
     by_hand = _eq14_fp8_error(start)
-    # the engine's weights are e4m3-rounded: Eq. 14 after each sync is the warm start's, give or take one step
-    for r in rows:
+    # the engine's weights are e4m3-rounded: Eq. 14 after each sync is the warm start's, give or take a few steps
+    for r in metrics(run_dir):
         assert r["quant_error_norm"] == pytest.approx(by_hand, rel=0.05), (r["quant_error_norm"], by_hand)
 
 
-def test_sigkill_then_resume_continues_exactly(demo_run, tmp_path):
-    flags = [*DEMO_FLAGS, "--run-name", "r"]
+def test_sigkill_then_resume_continues_exactly(demo_run, demo_flags, tmp_path):
+    flags = [*demo_flags, "--run-name", "r"]
     proc = subprocess.Popen(train_cmd(tmp_path / "cut", *flags), cwd=REPO,
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     marker = tmp_path / "cut" / "r" / "checkpoints" / "step-000006" / "COMPLETE"
