@@ -136,7 +136,7 @@ def _run(cmd, timeout=900):
 
 @pytest.mark.slow
 @needs_gsm8k
-def test_two_steps_on_real_gsm8k_with_the_embedded_model(tmp_path):
+def test_two_steps_on_real_gsm8k_with_the_embedded_model(tmp_path, capfd):
     """The plumbing on real text: warm start without the slip, INT8 rollout of prompts longer than 256
     tokens, 2 RL steps, the sync probe, then eval.py through vLLM on the run's held-out problems."""
     cache, runs = tmp_path / "cache", tmp_path / "runs"
@@ -162,7 +162,9 @@ def test_two_steps_on_real_gsm8k_with_the_embedded_model(tmp_path):
     assert first["sync_probe_gap"] < 0.05 and first["response_len"] > 0
 
     out = tmp_path / "eval.json"
-    _run([sys.executable, "eval.py", "--run", str(run_dir), "--out", str(out)])
+    import eval as eval_script  # in this process: its vLLM import is paid already
+
+    assert eval_script.main(["--run", str(run_dir), "--out", str(out)]) == 0, capfd.readouterr().err[-3000:]
     results = json.loads(out.read_text())
     assert os.path.realpath(results["settings"]["test_data"]) == os.path.realpath(TEST)  # the run's own test file
     assert [m["n_problems"] for m in results["models"].values()] == [16, 16]
