@@ -34,7 +34,7 @@ SETTINGS = {"--model": "smollm2-135m-arith", "--data": "synthetic", "--prompt-fo
             "--lr": "1e-5", "--minibatches": "4", "--ppo-epochs": "2", "--kl-coef": "0", "--eval-every": "10",
             "--eval-size": "100", "--save-every": "10", "--engine-dtype": "bfloat16",
             "--shared-prompt": "false"}  # the path the committed runs took (docs/shared-prompt.md)
-SMOKE = {"--steps": "2", "--prompts-per-step": "2", "--group-size": "4", "--minibatches": "1", "--ppo-epochs": "1",
+SMOKE = {"--steps": "2", "--prompts-per-step": "2", "--group-size": "2", "--minibatches": "1", "--ppo-epochs": "1",
          "--eval-every": "2", "--eval-size": "4", "--save-every": "2"}
 RULE = ("with 3 seeds each: naive fails if its mean final greedy accuracy is >= 10 points under BF16's and its "
         "mean + sd is under BF16's mean - sd; ACR holds if its mean is at least BF16's mean - (BF16's sd + ACR's sd)")
