@@ -141,7 +141,7 @@ def test_two_steps_on_real_gsm8k_with_the_embedded_model(tmp_path, capfd):
     tokens, 2 RL steps, the sync probe, then eval.py through vLLM on the run's held-out problems."""
     cache, runs = tmp_path / "cache", tmp_path / "runs"
     proc = _run([sys.executable, "train.py", "--data", TRAIN, "--test-data", TEST, "--steps", "2",
-                 "--quant", "int8", "--sft-steps", "6", "--prompts-per-step", "8", "--group-size", "2",
+                 "--quant", "int8", "--sft-steps", "2", "--prompts-per-step", "8", "--group-size", "2",
                  "--eval-size", "16", "--max-new-tokens", "16", "--cache-dir", str(cache), "--out-dir", str(runs)])
     log_text = proc.stdout + proc.stderr
     warm_lines = [line for line in log_text.splitlines() if re.search(r"INFO\s+warm start:", line)]
