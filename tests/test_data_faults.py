@@ -126,7 +126,7 @@ def test_eval_reads_its_problems_before_any_model(tmp_path):
 
 
 @pytest.mark.slow
-def test_files_with_some_bad_rows_run_and_say_how_many_they_skipped(tiny, tmp_path):
+def test_files_with_some_bad_rows_run_and_say_how_many_they_skipped(tiny, tmp_path, capfd, monkeypatch):
     data = write_rows(tmp_path / "train.jsonl", [good(i) for i in range(4)] + ["", {"question": "no answer"}] +
                       [good(i) for i in range(4, 20)] + [{"question": "q", "answer": "7"}])
     test = write_rows(tmp_path / "test.jsonl", [good(i) for i in range(30, 35)] + [["a", "list"]])
@@ -143,8 +143,14 @@ def test_files_with_some_bad_rows_run_and_say_how_many_they_skipped(tiny, tmp_pa
     assert summary["initial_test_accuracy"] is not None and summary["final_test_accuracy"] is not None
 
     results = tmp_path / "eval.json"
-    code, err, _, log = run("eval.py", ["--model", str(out / "r" / "final"), "--test-data", test, "--eval-size", "8",
-                                        "--max-new-tokens", "8", "--out", str(results)])
+    import eval as eval_script  # in this process: its vLLM import is paid already
+
+    monkeypatch.setenv("COLUMNS", "1000")  # the console's lines unwrapped, as run() has them
+    capfd.readouterr()
+    code = eval_script.main(["--model", str(out / "r" / "final"), "--test-data", test, "--eval-size", "8",
+                             "--max-new-tokens", "8", "--out", str(results)])
+    said = capfd.readouterr()
+    err, log = said.err, " ".join((said.out + said.err).split())
     assert code == 0 and "Traceback" not in err, err[-3000:]
     assert f"--test-data {test}: skipped 1 of 6 rows" in log and "fewer than --eval-size 8: evaluating on 5" in log
     result = json.loads(results.read_text())
