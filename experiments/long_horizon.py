@@ -28,7 +28,7 @@ import statistics
 import sys
 import time
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, parallel_flag, read_run, run_many, test_accuracy_curve
 
 ROWS = {"int3-tis": ["--quant", "int3", "--quant-group", "0", "--objective", "tis"],
         "int3-acr": ["--quant", "int3", "--quant-group", "0", "--objective", "acr"],
@@ -553,7 +553,7 @@ def main(argv=None) -> int:
     p.add_argument("--rows", nargs="+", default=None, choices=list(ROWS),
                    help=f"rows to run (default {' '.join(DEFAULT_ROWS)}; int3-seq-mask: the field's strongest at int3)")
     p.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
-    p.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned to one CPU core")
+    p.add_argument("--parallel", type=parallel_flag, default=1, help="runs at a time, each pinned to one CPU core")
     p.add_argument("--report-only", action="store_true", help="start no run: the page from the runs on disk")
     p.add_argument("--smoke", action="store_true", help="3-step runs of TIS and ACR, one seed, tiny sizes")
     p.add_argument("--pilot", nargs="+", default=None, choices=list(PILOT_CANDIDATES),

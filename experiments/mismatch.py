@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, parallel_flag, read_run, run_many, series, test_accuracy_curve
 
 # the dial, finest to coarsest: label -> (--quant, --quant-group)
 DIAL = {"int8": ("int8", 0), "fp8": ("fp8", 0), "int6": ("int6", 0), "int5": ("int5", 0),
@@ -486,7 +486,7 @@ def main(argv=None) -> int:
                    help="objectives to train (the field's at FIELD_FORMATS only; a partial sweep: the rest can "
                         "follow later)")
     p.add_argument("--static-prompts", type=int, default=64)
-    p.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned to one CPU core "
+    p.add_argument("--parallel", type=parallel_flag, default=1, help="runs at a time, each pinned to one CPU core "
                                                            "(2 on a 2-core machine: more runs per hour)")
     p.add_argument("--report-only", action="store_true", help="start no run: report the finished runs on disk "
                                                               "(a sweep stopped part-way; the table says how many seeds)")

@@ -223,7 +223,8 @@ def plot_layers(result: dict, path: str) -> None:
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
-    p.add_argument("--data", default=os.path.join(REPO, "..", "shared", "data", "gsm8k", "test.jsonl"))
+    p.add_argument("--data", default=os.path.join(REPO, "scripts", "gsm8k-sample", "test.jsonl"),
+                   help="GSM8K problems (default: the 16 shipped with the repository, GSM8K test's first 16)")
     p.add_argument("--prompts", type=int, default=16)
     p.add_argument("--max-new-tokens", type=int, default=256)
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))

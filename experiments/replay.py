@@ -23,7 +23,7 @@ import statistics
 import sys
 import time
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, parallel_flag, read_run, run_many, series, test_accuracy_curve
 
 # Table 1 analogue: name -> train.py flags
 TABLE_ROWS = {
@@ -171,7 +171,7 @@ def main(argv=None) -> int:
     p.add_argument("--uaq-lr", type=float, default=1e-5, help="the small learning rate of the UAQ rows")
     p.add_argument("--no-uaq", action="store_true", help="skip the Fig. 9 / Table 4 rows")
     p.add_argument("--smoke", action="store_true", help="2 steps of bf16 and int8-acr, one seed, tiny eval")
-    p.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned to one CPU core")
+    p.add_argument("--parallel", type=parallel_flag, default=1, help="runs at a time, each pinned to one CPU core")
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "replay"),
                    help="writes OUT.md, OUT.json and OUT_*.png; runs go to OUT_work/")
     args = p.parse_args(argv)

@@ -45,6 +45,19 @@ def run(out_dir, name, flags, log_dir, core: int | None = None) -> str:
     return run_dir
 
 
+def parallel_flag(value: str) -> int:
+    """argparse's type for --parallel: runs at a time, a whole number >= 1 (0 would run nothing, or one at a time)."""
+    import argparse
+
+    try:
+        n = int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {value!r}") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (runs at a time), got {n}")
+    return n
+
+
 def run_many(out_dir, jobs: list[tuple[str, list[str]]], log_dir, parallel: int = 1) -> list[str]:
     """run() for each (name, flags), `parallel` at a time, each pinned to its own CPU core when parallel > 1 (one
     of the cores this process may run on: a container's may not start at 0); returns the run folders in the jobs'
@@ -53,6 +66,8 @@ def run_many(out_dir, jobs: list[tuple[str, list[str]]], log_dir, parallel: int 
     from queue import Queue
 
     allowed = sorted(os.sched_getaffinity(0))
+    if parallel < 1:
+        raise SystemExit(f"error: --parallel {parallel}: must be >= 1 (runs at a time)")
     if parallel > len(allowed):
         raise SystemExit(f"error: --parallel {parallel}: this process may run on {len(allowed)} CPU core(s) only")
     cores = Queue()

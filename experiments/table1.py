@@ -18,7 +18,7 @@ import os
 import statistics
 import sys
 
-from runs import REPO, commit, mean_sd, one_experiment, read_run, run_many, series, test_accuracy_curve
+from runs import REPO, commit, mean_sd, one_experiment, parallel_flag, read_run, run_many, series, test_accuracy_curve
 
 ROWS = {"bf16": ["--quant", "none", "--objective", "ppo"],
         "int8-naive": ["--quant", "int8", "--objective", "naive"],
@@ -141,7 +141,7 @@ def main(argv=None) -> int:
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "table1"))
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--seeds", nargs="+", type=int, default=SEEDS)
-    p.add_argument("--parallel", type=int, default=1, help="runs at a time, each pinned to one core")
+    p.add_argument("--parallel", type=parallel_flag, default=1, help="runs at a time, each pinned to one core")
     p.add_argument("--report-only", action="store_true")
     p.add_argument("--smoke", action="store_true")
     args = p.parse_args(argv)

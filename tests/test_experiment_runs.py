@@ -53,3 +53,18 @@ def test_runs_side_by_side_are_pinned_to_cores_this_process_may_use(tmp_path, mo
     with pytest.raises(SystemExit, match=rf"^error: --parallel {len(allowed) + 1}: this process may run on "
                                          rf"{len(allowed)} CPU core\(s\) only$"):
         runs.run_many(tmp_path, [("a", [])], tmp_path, parallel=len(allowed) + 1)
+
+
+@pytest.mark.parametrize("script", ["table1", "mismatch", "replay", "long_horizon"])
+@pytest.mark.parametrize("value, says", [("0", "must be >= 1 (runs at a time), got 0"),
+                                         ("-2", "must be >= 1 (runs at a time), got -2"),
+                                         ("two", "not a whole number: 'two'")])
+def test_parallel_below_one_or_not_a_number_is_one_line_before_any_run(script, value, says, capsys):
+    """--parallel 0 used to run one at a time (or, in mismatch.py, only report) without a word."""
+    import importlib
+
+    module = importlib.import_module(script)
+    with pytest.raises(SystemExit) as e:
+        module.main(["--parallel", value])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert e.value.code == 2 and err[-1].endswith(f"error: argument --parallel: {says}"), err
