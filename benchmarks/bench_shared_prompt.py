@@ -15,6 +15,7 @@ import argparse
 import dataclasses
 import json
 import os
+import shutil
 import statistics
 import sys
 import tempfile
@@ -120,6 +121,7 @@ def main(argv=None) -> int:
             for opt in trainer.updater.optimizers.values():
                 opt.step()
             adam = (time.perf_counter() - t0) * trainer.cfg.minibatches
+        shutil.rmtree(trainer.cfg.out_dir, ignore_errors=True)  # the step's run folder (the engine's start weights)
         bounds = {}
         for path, counted in (("unshared", tokens["tokens_attended"]), ("shared", tokens["tokens_packed"])):
             forward = 2 * ((params - head) * counted + head * tokens["response_tokens"]) / (rate * 1e9)

@@ -15,6 +15,7 @@ update, sync). The bounds, measured on this CPU in the same process:
 import argparse
 import json
 import os
+import shutil
 import statistics
 import sys
 import time
@@ -124,6 +125,7 @@ def main(argv=None) -> int:
         params = matmul_params(actor)
         head_params = actor.get_output_embeddings().weight.numel()
 
+    shutil.rmtree(out_dir, ignore_errors=True)  # the profiled run's folder
     padded_tokens = sum(mb.input_ids.numel() for mb in minibatches)
     response_tokens = int(experience.sequences.response_mask.sum())
     forward_s = 2 * ((params - head_params) * padded_tokens + head_params * response_tokens) / (rate * 1e9)

@@ -499,7 +499,7 @@ def main(argv=None) -> int:
     if args.smoke:
         args.settings.update(SMOKE)
         args.seeds, args.formats, args.static_prompts = args.seeds[:1], args.formats[:1], 4
-        args.objectives = ["naive", "acr", "seq-mask"]  # Eq. 3, Eq. 9 and one of the field's corrections
+        args.objectives = ["seq-mask"]  # BF16 and one row, side by side: the field's group (the paper's is the same code)
     args.out = os.path.abspath(args.out or os.path.join(REPO, *(("runs", "contrast") if args.contrast
                                                                  else ("docs", "results", "mismatch"))))
     args.work = os.path.abspath(args.work or args.out + "_runs")

@@ -169,23 +169,27 @@ def check_train(args) -> dict:
     reason = missing_data(args)
     if reason:
         return {"status": "skipped", "detail": f"no data: {reason}"}
-    out = tempfile.mkdtemp(prefix="gpu-check-")
     steps = args.steps
-    cmd = [sys.executable, os.path.join(REPO, "train.py"), "--model", "smollm2-135m", "--out-dir", out,
-           "--run-name", "train-int8", "--data", args.data,
-           *(["--test-data", args.test_data] if args.test_data else []), "--prompt-format", "chat",
-           "--quant", "int8", "--steps", str(steps), "--prompts-per-step", str(args.prompts), "--group-size", str(args.group),
-           "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-tokens", "256", "--eval-size", "4",
-           "--sync-check-every", "1", "--lr", "1e-6", "--minibatches", "2", "--cache-dir", args.cache_dir,
-           *(["--enforce-eager"] if args.enforce_eager else [])]
-    t0 = time.time()
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
-    seconds = time.time() - t0
-    if proc.returncode != 0:
-        last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
-        return {"status": "fail", "detail": f"train.py exited {proc.returncode}: {last}", "command": " ".join(cmd)}
-    with open(os.path.join(out, "train-int8", "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f]
+    with tempfile.TemporaryDirectory(prefix="gpu-check-") as out:  # the run (~2 GB: checkpoint, final model) goes
+        cmd = [sys.executable, os.path.join(REPO, "train.py"), "--model", "smollm2-135m", "--out-dir", out,
+               "--run-name", "train-int8", "--data", args.data,
+               *(["--test-data", args.test_data] if args.test_data else []), "--prompt-format", "chat",
+               "--quant", "int8", "--steps", str(steps), "--prompts-per-step", str(args.prompts), "--group-size",
+               str(args.group), "--max-new-tokens", str(args.max_new_tokens), "--max-prompt-tokens", "256",
+               "--eval-size", "4", "--sync-check-every", "1", "--lr", "1e-6", "--minibatches", "2", "--cache-dir",
+               args.cache_dir, *(["--enforce-eager"] if args.enforce_eager else [])]
+        t0 = time.time()
+        proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True)
+        seconds = time.time() - t0
+        log = os.path.join(args.out_dir, "gpu-check-train-int8.log")  # its console, kept
+        with open(log, "w") as f:
+            f.write(proc.stdout + proc.stderr)
+        if proc.returncode != 0:
+            last = (proc.stderr.strip().splitlines() or ["(no output)"])[-1]
+            return {"status": "fail", "detail": f"train.py exited {proc.returncode}: {last} (console: {log})",
+                    "command": " ".join(cmd)}
+        with open(os.path.join(out, "train-int8", "metrics.jsonl")) as f:
+            rows = [json.loads(line) for line in f]
     probed = [r["step"] for r in rows if "sync_probe_gap" in r]
     ok = probed == list(range(1, steps + 1))
     kl = max(r["kl_behav_prox_k3"] for r in rows)

@@ -42,3 +42,18 @@ def demo_run(tmp_path_factory, demo_flags):
                           text=True, timeout=900)
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out / "r"
+
+
+def pytest_collection_finish(session):
+    """Start the background commands (tests/background.py) of the tests this session will run, in their order."""
+    import background
+
+    names = [item.originalname for item in session.items if item.originalname in background.COMMANDS]
+    if names and not session.config.option.collectonly:
+        background.start(names, str(session.config._tmp_path_factory.getbasetemp()))
+
+
+def pytest_sessionfinish(session):
+    import background
+
+    background.stop()

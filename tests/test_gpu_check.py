@@ -10,6 +10,8 @@ import sys
 
 import pytest
 
+import background
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CACHE = os.path.join(REPO, ".cache")  # named models converted once, shared with the other tests
 
@@ -35,16 +37,22 @@ def plain_clone(dest):
     return dest
 
 
+@background.command("test_the_cpu_half_passes_in_a_plain_clone_and_reports_each_check")
+def cpu_half(folder):
+    """The CPU half in a plain clone, nothing beside it (the shipped GSM8K sample is the data); 1 train-int8 step."""
+    clone = plain_clone(os.path.join(folder, "clone"))
+    os.makedirs(os.path.join(folder, "tmp"))  # its temporary files, to see that it leaves none of its own
+    return ["/usr/bin/env", f"TMPDIR={os.path.join(folder, 'tmp')}", sys.executable, "scripts/gpu_check.py", "--cpu-half", "--out-dir", os.path.join(folder, "out"),
+            "--cache-dir", CACHE, "--max-new-tokens", "16", "--steps", "1", "--prompts", "2", "--group", "2"], clone
+
+
 @pytest.mark.slow
-def test_the_cpu_half_passes_in_a_plain_clone_and_reports_each_check(tmp_path):
-    clone = plain_clone(tmp_path / "clone")
-    assert not (tmp_path / "shared").exists()  # nothing beside the checkout: the shipped GSM8K sample is the data
-    proc = subprocess.run([sys.executable, "scripts/gpu_check.py", "--cpu-half", "--out-dir", str(tmp_path / "out"),
-                           "--cache-dir", CACHE, "--max-new-tokens", "16", "--steps", "2", "--prompts", "2",
-                           "--group", "2"],
-                          cwd=clone, capture_output=True, text=True, timeout=900)
+def test_the_cpu_half_passes_in_a_plain_clone_and_reports_each_check():
+    proc, folder = background.result("test_the_cpu_half_passes_in_a_plain_clone_and_reports_each_check")
+    assert not os.path.exists(os.path.join(folder, "shared"))  # nothing beside the checkout
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    report = json.loads((tmp_path / "out" / "gpu-check.json").read_text())
+    with open(os.path.join(folder, "out", "gpu-check.json")) as f:
+        report = json.load(f)
     assert {n: r["status"] for n, r in report.items()} == {
         "cuda": "skipped", "parity-int8": "pass", "parity-fp8": "pass", "train-int8": "pass", "throughput": "skipped"}
     limits = gpu_check().PARITY_LIMIT
@@ -52,6 +60,9 @@ def test_the_cpu_half_passes_in_a_plain_clone_and_reports_each_check(tmp_path):
         assert 0 < report[name]["value"] < limits[report[name]["engine"]] < report[name]["value_at_10pct_error"], \
             report[name]
     assert report["train-int8"]["value"] > 0
+    left = [n for n in os.listdir(os.path.join(folder, "tmp")) if n.startswith("gpu-check-")]
+    assert left == []  # train-int8's run (~2 GB: a checkpoint, the final model) went with its check
+    assert "RL grpo / rollout int8: 1/1" in open(os.path.join(folder, "out", "gpu-check-train-int8.log")).read()
     lines = [line for line in proc.stdout.splitlines() if line.split()[:1] and line.split()[0] in report]
     assert len(lines) == len(report)  # one line per check
 

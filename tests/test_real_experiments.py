@@ -1,10 +1,11 @@
 """The real model's experiments, tiny: Table 1's runner (2-step runs of all four rows) and the mismatch table."""
 import json
 import os
-import subprocess
 import sys
 
 import pytest
+
+import background
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, os.path.join(REPO, "experiments"))
@@ -56,15 +57,19 @@ def test_table1_rows_differ_only_in_the_rollout_format_and_the_objective():
 
 
 SMOKE_ROWS = ["bf16", "int8-acr"]  # the two whose mismatch the smoke compares
-PARALLEL = min(2, len(os.sched_getaffinity(0)))  # the runs side by side, each pinned to a core (the scripts' --parallel)
+
+
+@background.command("test_table1_smoke_runs_on_the_real_model_and_reports_one_base")
+def table1_smoke(folder):
+    """Its two runs one after the other, on the background core (tests/background.py)."""
+    return [sys.executable, "experiments/table1.py", "--smoke", "--seeds", "0", "--rows", *SMOKE_ROWS, "--parallel",
+            "1", "--out", os.path.join(folder, "t1")], REPO
 
 
 @pytest.mark.slow
-def test_table1_smoke_runs_on_the_real_model_and_reports_one_base(tmp_path):
-    out = str(tmp_path / "t1")
-    proc = subprocess.run([sys.executable, "experiments/table1.py", "--smoke", "--seeds", "0", "--rows", *SMOKE_ROWS,
-                           "--parallel", str(PARALLEL), "--out", out], cwd=REPO, capture_output=True, text=True,
-                          timeout=1500)
+def test_table1_smoke_runs_on_the_real_model_and_reports_one_base():
+    proc, folder = background.result("test_table1_smoke_runs_on_the_real_model_and_reports_one_base")
+    out = os.path.join(folder, "t1")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     result = json.loads(open(out + ".json").read())
     assert set(result["rows"]) == set(SMOKE_ROWS)
@@ -77,11 +82,15 @@ def test_table1_smoke_runs_on_the_real_model_and_reports_one_base(tmp_path):
     assert os.path.getsize(out + ".png") > 10_000 and "Not judged yet" in open(out + ".md").read()
 
 
+@background.command("test_real_mismatch_smoke_writes_the_table_with_the_emulation_check")
+def real_mismatch_smoke(folder):
+    return [sys.executable, "experiments/real_mismatch.py", "--smoke", "--out", os.path.join(folder, "rm")], REPO
+
+
 @pytest.mark.slow
-def test_real_mismatch_smoke_writes_the_table_with_the_emulation_check(tmp_path):
-    out = str(tmp_path / "rm")
-    proc = subprocess.run([sys.executable, "experiments/real_mismatch.py", "--smoke", "--out", out], cwd=REPO,
-                          capture_output=True, text=True, timeout=900)
+def test_real_mismatch_smoke_writes_the_table_with_the_emulation_check():
+    proc, folder = background.result("test_real_mismatch_smoke_writes_the_table_with_the_emulation_check")
+    out = os.path.join(folder, "rm")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     rows = json.loads(open(out + ".json").read())["rows"]
     assert rows["int8"]["kl_k3_per_token"] > 10 * rows["bf16"]["kl_k3_per_token"]  # INT8 W8A8 >> bf16 here
