@@ -18,6 +18,7 @@ _futures: dict[str, Future] = {}
 _pool: ThreadPoolExecutor | None = None
 _running: list[subprocess.Popen] = []
 _base = None  # where each command's folder goes (the session's temporary folder)
+TIMEOUT_S = 1800  # a command that hangs fails its test instead of holding the suite
 # the child pins itself to the core, then becomes the command: everything it starts inherits the pin
 PIN = "import os, sys; os.sched_setaffinity(0, {int(sys.argv[1])}); os.execv(sys.argv[2], sys.argv[2:])"
 
@@ -63,5 +64,10 @@ def _run(name: str):
     proc = subprocess.Popen([sys.executable, "-c", PIN, str(core), *argv], cwd=cwd, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     _running.append(proc)
-    stdout, stderr = proc.communicate()
+    try:
+        stdout, stderr = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        stdout, stderr = proc.communicate()
+        stderr += f"\n(background.py: killed after {TIMEOUT_S} s)"
     return subprocess.CompletedProcess(argv, proc.returncode, stdout, stderr), folder
