@@ -61,7 +61,8 @@ def parallel_flag(value: str) -> int:
 def run_many(out_dir, jobs: list[tuple[str, list[str]]], log_dir, parallel: int = 1) -> list[str]:
     """run() for each (name, flags), `parallel` at a time, each pinned to its own CPU core when parallel > 1 (one
     of the cores this process may run on: a container's may not start at 0); returns the run folders in the jobs'
-    order."""
+    order. The first run that fails stops the rest from starting (those running finish), and its error is raised."""
+    import threading
     from concurrent.futures import ThreadPoolExecutor
     from queue import Queue
 
@@ -74,11 +75,18 @@ def run_many(out_dir, jobs: list[tuple[str, list[str]]], log_dir, parallel: int 
     for core in (allowed[:parallel] if parallel > 1 else [None]):
         cores.put(core)
 
+    failed = threading.Event()  # a run failed (a full disk, a bad flag): start no more, the error comes out
+
     def one(job):
+        if failed.is_set():
+            return None
         name, flags = job
         core = cores.get()
         try:
             return run(out_dir, name, flags, log_dir, core=core)
+        except BaseException:
+            failed.set()
+            raise
         finally:
             cores.put(core)
 

@@ -68,3 +68,19 @@ def test_parallel_below_one_or_not_a_number_is_one_line_before_any_run(script, v
         module.main(["--parallel", value])
     err = capsys.readouterr().err.strip().splitlines()
     assert e.value.code == 2 and err[-1].endswith(f"error: argument --parallel: {says}"), err
+
+
+def test_a_failed_run_stops_the_runs_after_it_from_starting(tmp_path, monkeypatch):
+    """A full disk failed one run, and the driver went on to start the next ones, which failed the same way."""
+    started = []
+
+    def fake_run(out_dir, name, flags, log_dir, core=None):
+        started.append(name)
+        if name == "b":
+            raise SystemExit("error: run b failed (exit 2); see b.log")
+        return name
+
+    monkeypatch.setattr(runs, "run", fake_run)
+    with pytest.raises(SystemExit, match="run b failed"):
+        runs.run_many(tmp_path, [("a", []), ("b", []), ("c", []), ("d", [])], tmp_path, parallel=1)
+    assert started == ["a", "b"]
