@@ -217,6 +217,13 @@ def verdict(stats: dict, seeds=SEEDS) -> dict:
     if all(x is not None for xs in sampled.values() for x in xs):
         lines.append("Not judged, for reading: sampled (T = 1) accuracy over the last 10% of steps " + " vs ".join(
             f"{row} {100 * mean_sd(xs)[0]:.1f} ± {100 * mean_sd(xs)[1]:.1f}" for row, xs in sampled.items()) + ".")
+    ref = stats.get("bf16")
+    if ref and len(ref["final"]) == len(seeds):
+        said = f"{100 * ref['mean']:.1f} ± {100 * ref['sd']:.1f} greedy"
+        ref_sampled = [r.get("sampled_last") for r in ref["runs"]]
+        if all(x is not None for x in ref_sampled):
+            said += ", {:.1f} ± {:.1f} sampled".format(*(100 * x for x in mean_sd(ref_sampled)))
+        lines.append(f"Not judged, for reading: the unquantized rollout (Eq. 1) ends at {said}.")
     binds = [r.get("rescued_steps") for r in acr["runs"]]
     if all(b is not None for b in binds):
         lines.append(f"ACR's widened bound bound (its loss differed from TIS's) on {sum(binds)} steps over "

@@ -47,6 +47,15 @@ def test_verdict_follows_the_rule_fixed_before_the_runs():
     v = lh.verdict({"int3-tis": row([0.8, 0.8, 0.9], [6.0, 2.0, 4.0]), "int3-acr": row([0.8, 0.9, 0.8], [3.0, 1.0, 2.1])})
     assert v["tis_drifts"] and v["acr_holds"] is False and not v["acr_beats"] and not v["tis_beats"]
     assert v["lines"][2].startswith("ACR and TIS end within their seed spread")
+    assert not any("unquantized" in line for line in v["lines"])  # no reference rows: nothing said of them
+    # the unquantized reference, all seeds finished: read beside the verdict, never part of it
+    ref = row([0.9, 0.95, 1.0], [None] * 3)
+    for r, sampled in zip(ref["runs"], [0.8, 0.85, 0.9]):
+        r["sampled_last"] = sampled
+    v2 = lh.verdict({"int3-tis": row([0.8, 0.8, 0.9], [6.0, 2.0, 4.0]),
+                     "int3-acr": row([0.8, 0.9, 0.8], [3.0, 1.0, 2.1]), "bf16": ref})
+    assert {k: v2[k] for k in ("tis_drifts", "acr_holds", "acr_beats")} == {k: v[k] for k in ("tis_drifts", "acr_holds", "acr_beats")}
+    assert "Not judged, for reading: the unquantized rollout (Eq. 1) ends at 95.0 ± 5.0 greedy, 85.0 ± 5.0 sampled." in v2["lines"]
     # one drifting seed is not drift: said as the rule words it, and "holds" is not judged
     v = lh.verdict({"int3-tis": row([0.8] * 3, [3.5, 1.2, 0.9], sd=0.0), "int3-acr": row([0.7] * 3, [1, 1, 1], sd=0.0)})
     assert v["tis_drifts"] is False and v["acr_holds"] is None and v["tis_beats"]
