@@ -112,8 +112,9 @@ mismatch: install
 table1: install real-model
 	$(BIN)/python experiments/table1.py --parallel $(if $(filter cpu,$(TARGET)),2,1)
 
-# the paper's long-horizon claim: TIS vs ACR at int3 and the unquantized rollout, 1,000 steps x 3 seeds (runs on disk
-# are reused, a stopped one resumes from its checkpoint) -> docs/results/long_horizon*; on a CPU two runs at a time
+# the paper's long-horizon claim: TIS vs ACR at int3, the unquantized rollout and the sequence mask, 1,000 steps
+# x 3 seeds (runs on disk are reused, a stopped one resumes from its checkpoint) -> docs/results/long_horizon*;
+# on a CPU two runs at a time
 long-horizon: install
 	$(BIN)/python experiments/long_horizon.py --parallel $(if $(filter cpu,$(TARGET)),2,1)
 
