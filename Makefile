@@ -31,7 +31,7 @@ TORCH_CPU_SPEC = torch==$$($(VERL_BIN)/python -c 'import sys; sys.path.insert(0,
 VERL_INSTALL_FAILED = install failed: pip could not install $(VERL_PIN) into $(VERL_VENV)$(if $(INSTALL_WHY), $(INSTALL_WHY));\
  check your network or pass PIP_ARGS="--extra-index-url URL"
 
-.PHONY: install track real-model verl-env demo demo-real test gpu-check bench replay contrast mismatch table1 long-horizon clean
+.PHONY: install track real-model verl-env demo demo-real test gpu-check bench replay contrast mismatch table1 long-horizon acr-pilot acr-regime clean
 
 $(VENV)/.installed-$(TARGET): requirements.txt requirements-$(TARGET).txt
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -117,6 +117,14 @@ table1: install real-model
 # on a CPU two runs at a time
 long-horizon: install
 	$(BIN)/python experiments/long_horizon.py --parallel $(if $(filter cpu,$(TARGET)),2,1)
+
+# issue 51: where ACR's widened bound binds. The pilot grid (toy; ACR_REAL=--real adds SmolLM2 INT8), then the
+# comparison at its choice (5 rows x 3 seeds, 100 steps; runs on disk are reused, a stopped one resumes)
+acr-pilot: install
+	$(BIN)/python experiments/acr_regime.py --pilot $(ACR_REAL) --parallel $(if $(filter cpu,$(TARGET)),2,1)
+
+acr-regime: install
+	$(BIN)/python experiments/acr_regime.py --parallel $(if $(filter cpu,$(TARGET)),2,1)
 
 clean:
 	rm -rf $(VENV) $(VERL_VENV) .cache runs

@@ -92,6 +92,9 @@ class Config:
     loss_agg: Optional[str] = flag(None, f"loss aggregation {AGGREGATIONS} (default: seq-mean-token-mean, "
                                        "token-mean for DAPO)")
     max_grad_norm: float = flag(1.0, "gradient clipping norm")
+    measure_acr_gap: bool = flag(False, "log acr_grad_gap = ||g_ACR - g_TIS|| / ||g_TIS|| per minibatch (Eq. 9 vs Eq. 5 "
+                                        "on the same tokens; one extra backward where ACR rescues a token); needs "
+                                        "--objective tis or acr")
     # PPO critic
     critic_lr: float = flag(5e-4, "critic learning rate (--algo ppo)")
     gamma: float = flag(1.0, "GAE discount (--algo ppo)")
@@ -104,6 +107,9 @@ class Config:
     # evaluation, checkpoints, robustness
     eval_every: int = flag(20, "greedy test accuracy every N steps (0 = only at start and end)")
     eval_size: int = flag(200, "held-out problems for greedy evaluation")
+    token_page_responses: int = flag(4, "at each --eval-every step and the last: save this many sampled responses "
+                                        "token by token (the largest |log rho| ones and a typical one) to "
+                                        "tokens.jsonl and remake the page tokens.html (docs/token-page.md); 0 = off")
     save_every: int = flag(20, "checkpoint every N steps (and at the end)")
     keep: int = flag(2, "checkpoints kept")
     resume: Optional[str] = flag(None, "resume from the newest complete checkpoint of this run (or of DIR)",
@@ -174,6 +180,8 @@ class Config:
              f"--quant {self.quant} is vLLM's W8A8 kernel, per output channel: --quant-group must be 0, "
              f"got {self.quant_group}")
         need(self.objective in OBJECTIVES, f"--objective {self.objective!r}: choose from {OBJECTIVES}")
+        need(not self.measure_acr_gap or self.objective in ("tis", "acr"),
+             f"--measure-acr-gap compares ACR with TIS: --objective must be tis or acr, got {self.objective!r}")
         need(self.loss_agg in AGGREGATIONS, f"--loss-agg {self.loss_agg!r}: choose from {AGGREGATIONS}")
         for name in ("steps", "prompts_per_step", "group_size", "max_new_tokens", "minibatches", "ppo_epochs",
                      "micro_batch_size", "eval_size", "save_every", "keep", "max_bad_steps",
@@ -186,6 +194,7 @@ class Config:
              f"--max-tokens-per-micro-batch must be >= 1, got {self.max_tokens_per_micro_batch}")
         need(self.sync_check_every >= 0, f"--sync-check-every must be >= 0, got {self.sync_check_every}")
         need(self.eval_every >= 0, f"--eval-every must be >= 0, got {self.eval_every}")
+        need(self.token_page_responses >= 0, f"--token-page-responses must be >= 0, got {self.token_page_responses}")
         need(self.overlong_buffer >= 0, f"--overlong-buffer must be >= 0, got {self.overlong_buffer}")
         need(self.group_size >= 2 or not ALGORITHMS[self.algo].group_baseline,
              f"--group-size {self.group_size} with --algo {self.algo}: group-normalized advantages need >= 2")

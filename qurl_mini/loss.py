@@ -205,6 +205,7 @@ def surrogate_stats(surrogate: ClippedSurrogate, A, rho, mask, *, plain_high, ti
         "clip_frac_upper": above,
         "clip_frac_lower": below,
         "clip_widened_frac": share(high > plain_high),
+        "adv_positive_frac": share(A > 0), "ratio_over_frac": share(ratio > plain_high),  # two of ACR's three
         "clip_rescued_frac": share((A > 0) & (ratio > plain_high) & (ratio <= high)),
         "tis_trunc_frac": share(rho > tis_cap),
         "masked_frac": share(torch.as_tensor(surrogate.weight).expand_as(rho) == 0),  # no gradient at all

@@ -10,6 +10,7 @@ import logging
 
 import torch
 
+from .acr_gap import AcrTisGap
 from .actor import autocast_context, device_of, micro_batch_plan, sequence_logprobs
 from .batch import Experience
 from .infra import checkpoint
@@ -78,18 +79,24 @@ class Updater:
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
         loss_parts, tokens = {}, []
+        gap = AcrTisGap(self.actor, cfg.objective) if cfg.measure_acr_gap else None
         plan = micro_batch_plan(minibatch.sequences, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch,
                                 cfg.shared_prompt)
         for rows, groups in plan:
-            micro = minibatch[rows].trimmed()
-            loss, parts, logp = self._micro_loss(micro.to(device_of(self.actor)), groups, over)
+            micro = minibatch[rows].trimmed().to(device_of(self.actor))
+            loss, parts, logp = self._micro_loss(micro, groups, over)
             if not torch.isfinite(loss):
                 log.warning("non-finite loss (%s); skipping this update", loss.item())
                 return None
+            if gap is not None:
+                gap.add(logp, micro, agg=cfg.loss_agg, over=over["policy"], clip_low=cfg.clip_low,
+                        clip_high=cfg.clip_high, tis_cap=cfg.tis_cap)
             loss.backward()
             for k, v in parts.items():  # each part is divided by the minibatch's count: they add up
                 loss_parts[k] = loss_parts.get(k, 0.0) + v
             tokens.append(response_tokens(micro, logp))
+        if gap is not None:
+            loss_parts["acr_grad_gap"] = gap.relative()  # ||g_ACR - g_TIS|| / ||g_TIS||, before clipping
         grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
         if self.critic is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
