@@ -16,11 +16,12 @@ class AcrTisGap:
     """Accumulates grad(loss_ACR - loss_TIS) over a minibatch's micro-batches; `relative()` reads it against the
     minibatch's own gradient (which is TIS's or ACR's, by --objective) before that is clipped."""
 
-    def __init__(self, model, objective: str):
+    def __init__(self, model, objective: str, examples: int = 0):
         assert objective in PAIR, f"--measure-acr-gap compares {PAIR}, not {objective!r}"
         self.params = [p for p in model.parameters() if p.requires_grad]
         self.objective = objective
         self.diff = None  # [grad of (loss_ACR - loss_TIS)] per parameter, summed over micro-batches
+        self.examples, self.keep = [], examples  # up to `examples` rescued tokens, as `rescued_tokens` gives them
 
     def add(self, logp, micro, *, agg, over, **objective_args) -> None:
         """Before the micro-batch's own backward (its graph is kept for it)."""
@@ -28,6 +29,8 @@ class AcrTisGap:
                                       objective="acr", agg=agg, over=over, **objective_args)
         if stats["clip_rescued_frac"] == 0:
             return  # no rescued token: the two gradients are equal here
+        if len(self.examples) < self.keep:
+            self.examples += rescued_tokens(logp, micro, **objective_args)[:self.keep - len(self.examples)]
         loss_tis, _ = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask,
                                   objective="tis", agg=agg, over=over, **objective_args)
         grads = torch.autograd.grad(loss_acr - loss_tis, self.params, retain_graph=True, allow_unused=True)
@@ -44,3 +47,23 @@ class AcrTisGap:
         diff_norm = torch.sqrt(sum((d.double() ** 2).sum() for d in self.diff))
         tis_norm = torch.sqrt(sum((g.double() ** 2).sum() for g in tis))
         return (diff_norm / tis_norm).item() if tis_norm > 0 else float("inf")
+
+
+@torch.no_grad()
+def rescued_tokens(logp, micro, *, clip_low, clip_high, tis_cap) -> list[dict]:
+    """The tokens where ACR's loss differs from TIS's, each with what the two objectives do there: the weight
+    min(rho, C) both apply, TIS's upper bound 1 + eps (R is past it: the clipped branch, no gradient) and ACR's
+    (1 + eps) / r (R is under it: the gradient of weight * R * A with respect to log pi is weight * R * A)."""
+    R, rho = torch.exp(logp - micro.prox_logp), torch.exp(micro.prox_logp - micro.behav_logp)
+    r = 1.0 / torch.clamp(rho / tis_cap, min=1.0)  # Eq. 6-7
+    A, high = micro.advantages, 1 + clip_high
+    rescued = (micro.mask > 0) & (A > 0) & (R > high) & (R <= high / r)
+    ids = micro.sequences.input_ids
+    out = []
+    for i, t in rescued.nonzero().tolist():
+        weight = min(rho[i, t].item(), tis_cap)
+        out.append({"token_id": ids[i, t + 1].item(), "context_ids": ids[i, max(0, t - 11):t + 1].tolist(),
+                    "rho": rho[i, t].item(), "R": R[i, t].item(), "A": A[i, t].item(), "weight": weight,
+                    "tis_upper_bound": high, "acr_upper_bound": high / r[i, t].item(),
+                    "grad_wrt_logp": {"tis": 0.0, "acr": weight * R[i, t].item() * A[i, t].item()}})
+    return out

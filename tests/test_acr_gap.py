@@ -53,3 +53,25 @@ def test_no_rescued_token_no_gap_and_no_extra_backward():
     gap = AcrTisGap(torch.nn.ParameterList([theta]), "acr")
     gap.add(theta, micro, agg="token-mean", over=None, **ARGS)
     assert gap.diff is None and gap.relative() == 0.0
+
+
+def test_rescued_tokens_report_what_each_objective_lets_through():
+    """The worked token (rho = 5, R = 1.5, A = +1, C = 2, eps = 0.2): both weight it 2; TIS's bound 1.2 clips it, ACR's
+    3.0 does not; d(objective)/d(log pi) from autograd: 0 under TIS, 2 * 1.5 * 1 = 3 under ACR."""
+    from qurl_mini.acr_gap import rescued_tokens
+    from qurl_mini.batch import SequenceBatch
+    from qurl_mini.loss import POLICY_OBJECTIVES, sequence_ratio
+
+    theta, micro = _tokens()
+    micro.sequences = SequenceBatch(torch.tensor([[5, 6, 7, 8]]), torch.ones(1, 4, dtype=torch.long), micro.mask)
+    (token,) = rescued_tokens(theta, micro, **ARGS)
+    assert token["token_id"] == 6 and token["context_ids"] == [5]
+    assert token["rho"] == pytest.approx(5) and token["R"] == pytest.approx(1.5) and token["weight"] == 2
+    assert token["tis_upper_bound"] == pytest.approx(1.2) and token["acr_upper_bound"] == pytest.approx(3.0)
+    rho = torch.exp(micro.prox_logp - micro.behav_logp)
+    for name in ("tis", "acr"):
+        logp = theta.detach().clone().requires_grad_(True)
+        R = torch.exp(logp - micro.prox_logp)
+        surrogate = POLICY_OBJECTIVES[name](R, None, rho, 0.2, 0.2, 2.0, seq=sequence_ratio(rho, micro.mask))
+        surrogate.per_token(micro.advantages)[0, 0].backward()
+        assert logp.grad[0, 0].item() == pytest.approx(token["grad_wrt_logp"][name])
