@@ -13,6 +13,7 @@ of Chen et al. (2021) from those K samples, i.e. the share of problems with any 
 """
 import json
 import math
+import os
 import sys
 from dataclasses import dataclass, field, fields
 from typing import Optional
@@ -87,9 +88,9 @@ def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
     was given; a bad value raises ConfigError or PathError (one line)."""
     import argparse
 
-    from transformers import HfArgumentParser
+    from qurl_mini.infra.cli import hf_argument_parser
 
-    parser = HfArgumentParser(EvalConfig, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = hf_argument_parser(EvalConfig, description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     pre = argparse.ArgumentParser(add_help=False)
     pre.add_argument("--run")
     run, run_models = pre.parse_known_args(argv)[0].run, {}
@@ -97,9 +98,25 @@ def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
         settings, run_models = read_run(run)
         parser.set_defaults(**settings)
     (cfg,) = parser.parse_args_into_dataclasses(args=argv)
+    if run:
+        check_run_inputs(cfg, settings)
     cfg.model = list(run_models) + [m for m in cfg.model if m not in run_models]
     need(bool(cfg.model), "give --model DIR [DIR ...] or --run RUN_DIR")
     return cfg, run_models, any(getattr(cfg, n) != parser.get_default(n) for n in ("temperature", "top_p"))
+
+
+def check_run_inputs(cfg: EvalConfig, settings: dict) -> None:
+    """--run's held-out problems come from its --test-data alone where it had one (its --data is not read), else from
+    the seeded split of its --data file: that file, taken from summary.json and gone from there, is one line naming
+    it and the flag to pass."""
+    name = "test_data" if cfg.test_data else "data"
+    path = getattr(cfg, name)
+    if path in ("synthetic", "gsm8k") or path != settings.get(name) or os.path.isfile(path):
+        return
+    flag, what = f"--{name.replace('_', '-')}", ("its held-out problems" if name == "test_data" else
+                                                 "whose seeded tenth is its held-out problems")
+    raise ConfigError(f"--run {cfg.run}: the run's {flag} {path} (from its summary.json), {what}, is gone from there; "
+                      f"pass {flag} with where the file is now")
 
 
 def check_models(cfg: EvalConfig, run_models: dict) -> None:
@@ -135,7 +152,8 @@ def main(argv=None) -> int:
         log.warning("--k 1: only greedy Avg@1 is computed; --temperature and --top-p apply to --k > 1")
     try:
         platform = Platform.detect()
-        _, test = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)  # before any model
+        _, test = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number,  # before any model
+                                need_train=False)
         check_models(cfg, run_models)
         results = {}
         for path in dict.fromkeys(cfg.model):

@@ -74,7 +74,9 @@ def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dic
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--model", required=True, help="HF folder, hub id or model name (smollm2-135m: "
                                                                    "converted once into .cache)")
     parser.add_argument("--fmt", choices=["none", *FORMATS], required=True,

@@ -17,7 +17,10 @@ def dry_run_report(cfg) -> str:
     """The resolved flags and the memory plan, without loading anything."""
     from qurl_mini.infra.memory import memory_plan, model_shape, shared_prompt_saving
 
-    lines = ["resolved config:", json.dumps(cfg.to_dict(), indent=1)]
+    lines = ["resolved config:", json.dumps(cfg.to_dict(), indent=1),
+             "where each value came from (command line > preset > task default > base default):"]
+    lines += [f"  --{name.replace('_', '-'):30s} {json.dumps(value):24s} {cfg.source(name)}"
+              for name, value in cfg.to_dict().items()]
     if cfg.defaults_note():
         lines.append(cfg.defaults_note())
     shape = model_shape(cfg.model)

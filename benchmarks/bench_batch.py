@@ -72,7 +72,9 @@ def plot(result, path, cpu):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="qwen2.5-0.5b", choices=[s for s in SHAPES if SHAPES[s]])  # random weights
     p.add_argument("--engines", nargs="+", default=CPU_ENGINES, choices=list(ENGINES))
     p.add_argument("--sequences", nargs="+", type=int, default=[1, 4, 16, 64], help="batch sizes (sequences)")

@@ -159,7 +159,9 @@ def plot(rows, path, cpu):
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shapes", nargs="+", default=[s for s in SHAPES if SHAPES[s]], choices=list(SHAPES),
                    help="random-weight shapes, or smollm2-135m (the real model, by name)")
     p.add_argument("--engines", nargs="+", default=None, choices=list(ENGINES),

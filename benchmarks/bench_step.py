@@ -26,7 +26,9 @@ PHASES = ("time_rollout", "time_logprob", "time_update", "time_sync")
 def main() -> None:
     from bench_rollout import SHAPES
 
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--shape", default="d512x8", choices=list(SHAPES))
     p.add_argument("--prompts", type=int, default=4, help="prompts per step")
     p.add_argument("--n", type=int, default=4, help="samples per prompt")

@@ -68,7 +68,9 @@ def matmul_params(model) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m-arith")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "profile_step.json"))

@@ -284,7 +284,9 @@ def read(work: str, name: str) -> dict | None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "acr_regime"),
                    help="writes OUT.{md,json,png} and OUT_pilot.{md,json}; runs in OUT_runs, OUT_pilot_runs")
     p.add_argument("--pilot", action="store_true", help="the pilot grid (toy formats; --real adds SmolLM2 INT8)")

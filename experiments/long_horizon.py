@@ -555,7 +555,9 @@ def write_pilot(args, work: str) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "long_horizon"),
                    help="writes OUT.md, OUT.json, OUT.png (and OUT_pilot.json with --pilot)")
     p.add_argument("--work", default=None, help="where the runs go (default OUT_runs)")

@@ -25,7 +25,7 @@ import sys
 import time
 from collections import Counter
 
-from runs import REPO, commit, mean_sd, one_experiment, parallel_flag, read_run, run_many, series, test_accuracy_curve
+from runs import REPO, commit, fail, mean_sd, one_experiment, parallel_flag, read_run, run_many, series, test_accuracy_curve
 
 # the dial, finest to coarsest: label -> (--quant, --quant-group)
 DIAL = {"int8": ("int8", 0), "fp8": ("fp8", 0), "int6": ("int6", 0), "int5": ("int5", 0),
@@ -337,7 +337,11 @@ def train_all(work: str, groups: list[list[str]], seeds: list[int], settings: di
     jobs = [(row, seed) for rows in groups for seed in seeds for row in rows]
     if parallel == 0:  # report only: the runs already on disk
         run_dirs = [os.path.join(work, "runs", f"{row}-seed{seed}") for row, seed in jobs]
-        jobs, run_dirs = zip(*[(j, d) for j, d in zip(jobs, run_dirs) if os.path.exists(os.path.join(d, "summary.json"))])
+        finished = [(j, d) for j, d in zip(jobs, run_dirs) if os.path.exists(os.path.join(d, "summary.json"))]
+        if not any(row == "bf16" for (row, _), _ in finished):  # every row is read against BF16
+            fail(f"--report-only: no finished bf16 run (summary.json) under {work}/runs, and every row is read "
+                 f"against it; {len(finished)} of {len(jobs)} runs finished; finish them first (without --report-only)")
+        jobs, run_dirs = zip(*finished)
     else:
         run_dirs = run_many(work, [(f"{row}-seed{seed}", flags + row_flags(row) + ["--seed", str(seed)])
                                    for row, seed in jobs], os.path.join(work, "logs"), parallel)
@@ -477,7 +481,9 @@ def sweep(args, argv) -> int:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--contrast", action="store_true", help="BF16 vs naive / TIS / ACR at the breaking format, one "
                                                            "seed, curves side by side (make contrast)")
     p.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])

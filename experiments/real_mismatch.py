@@ -221,7 +221,9 @@ def plot_layers(result: dict, path: str) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--model", default="smollm2-135m")
     p.add_argument("--data", default=os.path.join(REPO, "scripts", "gsm8k-sample", "test.jsonl"),
                    help="GSM8K problems (default: the 16 shipped with the repository, GSM8K test's first 16)")

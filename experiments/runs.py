@@ -95,11 +95,33 @@ def run_many(out_dir, jobs: list[tuple[str, list[str]]], log_dir, parallel: int 
 
 
 def read_run(run_dir) -> dict:
-    with open(os.path.join(run_dir, "summary.json")) as f:
-        summary = json.load(f)
-    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
-        rows = [json.loads(line) for line in f if line.strip()]
+    """{summary, metrics} of a finished run. Damaged data (summary.json missing or not JSON, metrics.jsonl missing or
+    a line of it cut short) ends the script with one line naming the file and the fix (exit 2): a finished run's
+    rows are all there, so a page made without some of them would be silently wrong."""
+    from qurl_mini.metrics import read_metrics_lines
+
+    summary_path, metrics_path = os.path.join(run_dir, "summary.json"), os.path.join(run_dir, "metrics.jsonl")
+    redo = "restore it from a copy (git checkout for a committed run), or remove the run folder so that it runs again"
+    if not os.path.isfile(summary_path):
+        fail(f"{run_dir}: no summary.json, so not a finished run; finish it (the experiment without --report-only "
+             f"resumes it), or remove the folder")
+    try:
+        with open(summary_path) as f:
+            summary = json.load(f)
+    except (ValueError, UnicodeDecodeError) as e:
+        fail(f"{summary_path} is not JSON ({' '.join(str(e).split())}): damaged; {redo}")
+    if not os.path.isfile(metrics_path):
+        fail(f"{run_dir}: no metrics.jsonl beside its summary.json; {redo}")
+    rows, torn = read_metrics_lines(metrics_path)
+    if torn:
+        fail(f"{metrics_path}: line {', '.join(map(str, torn))} of a finished run is cut short or not JSON; {redo}")
     return {"summary": summary, "metrics": rows}
+
+
+def fail(message: str):
+    """End the script with one line on stderr, exit 2."""
+    print(f"error: {message}", file=sys.stderr)
+    raise SystemExit(2)
 
 
 def mean_sd(xs):

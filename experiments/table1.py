@@ -137,7 +137,9 @@ def plot(out: str, runs: dict) -> None:
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", default=os.path.join(REPO, "docs", "results", "table1"))
     p.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS))
     p.add_argument("--seeds", nargs="+", type=int, default=SEEDS)

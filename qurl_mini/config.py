@@ -148,24 +148,31 @@ class Config:
                               "QURL_VERBOSE=1. Errors always show")
 
     def __post_init__(self):
+        self.filled = {}  # flag left unset -> where its value came from (`sources`)
         if self.objective is None:
             self.objective = "acr" if self.quant != "none" else "ppo"
+            self.filled["objective"] = f"derived from --quant {self.quant}"
         algo_defaults = ALGORITHMS[self.algo].defaults if self.algo in ALGORITHMS else {}
         for name, default in {**BASE_DEFAULTS, **algo_defaults}.items():  # flags left unset
             if getattr(self, name) is None:
                 setattr(self, name, default)
+                self.filled[name] = f"--algo {self.algo} default" if name in algo_defaults else "base default"
         self.task = "synthetic task" if self.data == "synthetic" else "real problems"
         self.task_defaults = {name: default for name, default in TASK_DEFAULTS[self.task].items()
                               if getattr(self, name) is None}  # what the console names (`defaults_note`)
         for name, default in self.task_defaults.items():
             setattr(self, name, default)
+            self.filled[name] = f"task default ({self.task})"
         if self.teacher_slip is None and self.data == "synthetic":
             self.teacher_slip = 0.55
+            self.filled["teacher_slip"] = "task default (synthetic task)"
         if isinstance(self.report_to, str):  # a preset's "report_to": "tensorboard"
             self.report_to = [self.report_to]
         if self.run_name is None:
             grid = "" if self.quant_group is None else f"g{self.quant_group}"
             self.run_name = f"{self.algo}-{self.quant}{grid}" + (f"-{self.objective}" if self.quant != "none" else "")
+            self.filled["run_name"] = "derived from --algo, --quant, --objective"
+        self.sources = {}  # parse_args: {flag: "command line" | "preset NAME"}
         self.validate()
 
     def validate(self) -> None:
@@ -226,6 +233,11 @@ class Config:
     def to_dict(self) -> dict:
         return asdict(self)
 
+    def source(self, name: str) -> str:
+        """Where a flag's value came from: command line > preset > task default > base default (and values derived
+        from other flags where it is left unset)."""
+        return self.sources.get(name) or self.filled.get(name) or "base default"
+
     def defaults_note(self) -> str | None:
         """One line naming the task defaults this run took and why (None where every one was given)."""
         if not self.task_defaults:
@@ -268,17 +280,19 @@ def parse_args(argv=None) -> Config:
     import argparse
     import sys
 
-    from transformers import HfArgumentParser
+    from .infra.cli import given_flags, hf_argument_parser
 
-    parser = HfArgumentParser(Config, description="QuRL-mini: RL with a quantized vLLM rollout engine.")
+    parser = hf_argument_parser(Config, description="QuRL-mini: RL with a quantized vLLM rollout engine.")
     try:
         pre = argparse.ArgumentParser(add_help=False)
         pre.add_argument("--preset")
         chosen = pre.parse_known_args(argv)[0].preset
-        if chosen:
-            parser.set_defaults(**load_preset(chosen))
+        preset = load_preset(chosen) if chosen else {}
+        parser.set_defaults(**preset)
         (config,) = parser.parse_args_into_dataclasses(args=argv)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         sys.exit(2)
+    config.sources = {**{name: f"preset {chosen}" for name in preset},
+                      **{name: "command line" for name in given_flags(parser, sys.argv[1:] if argv is None else argv)}}
     return config

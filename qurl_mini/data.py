@@ -207,11 +207,14 @@ def load_gsm8k_hub(split: str) -> list[Problem]:
     return rows_to_problems(enumerate(rows, 1), f"openai/gsm8k[{split}]")
 
 
-def load_problems(data: str, test_data: str | None, n_test: int, seed: int, max_number: int):
+def load_problems(data: str, test_data: str | None, n_test: int, seed: int, max_number: int, need_train: bool = True):
     """(train, test) for --data {synthetic, gsm8k, FILE} and --test-data FILE (any --data; default: a held-out
     split of --data, a single file split by seed). Every source is read and checked here, before any model
-    loads; a test set smaller than n_test (--eval-size) is said in one warning."""
-    if data == "synthetic":  # a fixed held-out pool, so the train split never depends on n_test
+    loads; a test set smaller than n_test (--eval-size) is said in one warning. need_train=False (evaluation): with
+    --test-data, --data is not read and the training problems are []."""
+    if test_data and not need_train:
+        train, test, source = [], None, ""
+    elif data == "synthetic":  # a fixed held-out pool, so the train split never depends on n_test
         train, test = synthetic_splits(20000, 1000, max_number, seed=1234)
         source = "--data synthetic: its held-out pool has"
     elif data == "gsm8k":

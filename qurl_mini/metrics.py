@@ -74,8 +74,17 @@ class SignalWatch:
 
 def read_metrics(path: str, warn: bool = False) -> list[dict]:
     """The rows; a line that is not JSON (a write cut short) is left out."""
+    rows, torn = read_metrics_lines(path)
+    if torn and warn:
+        log.warning("%s: dropped line %s, cut short (a write interrupted by the end of the process)",
+                    path, ", ".join(map(str, torn)))
+    return rows
+
+
+def read_metrics_lines(path: str) -> tuple[list[dict], list[int]]:
+    """(the rows, the numbers of the lines that are not JSON: a write cut short)."""
     rows, torn = [], []
-    with open(path) as f:
+    with open(path, encoding="utf-8", errors="replace") as f:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
@@ -83,10 +92,7 @@ def read_metrics(path: str, warn: bool = False) -> list[dict]:
                 rows.append(json.loads(line))
             except json.JSONDecodeError:
                 torn.append(number)
-    if torn and warn:
-        log.warning("%s: dropped line %s, cut short (a write interrupted by the end of the process)",
-                    path, ", ".join(map(str, torn)))
-    return rows
+    return rows, torn
 
 
 def plot_metrics(path: str, out_png: str, initial_test_accuracy: float | None = None) -> str:

@@ -28,6 +28,7 @@ from .engine import Platform, RolloutEngine, context_length
 from .evaluate import greedy_accuracy
 from .infra import checkpoint
 from .infra.hardware import describe_cpu
+from .infra.memory import budget_below_one_sequence
 from .infra.paths import check_model_dir, check_output_dir, check_outputs_apart, looks_like_path
 from .infra.progress import Timer, progress_bar
 from .infra.run_lock import RunLock
@@ -92,7 +93,7 @@ class Trainer:
         train_problems, test_problems = load_problems(cfg.data, cfg.test_data, cfg.eval_size, cfg.seed, cfg.max_number)
         self.base_model = base_model_path(cfg, train_problems)  # the embedded warm start trains on the problems
         if resume_from:
-            checkpoint.check_resumable(resume_from, cfg.algo, self.base_model)
+            checkpoint.check_resumable(resume_from, cfg.to_dict(), self.base_model)
         self.actor, self.tokenizer, self.reference, self.critic = self._load_models(resume_from)
         self.prompts = PromptBuilder(cfg.prompt_format, self.tokenizer)
         self.train_problems, self.test_problems = self._fitting(train_problems, test_problems)
@@ -157,6 +158,8 @@ class Trainer:
         {name: (codes, scale)} it starts from."""
         cfg = self.cfg
         longest_prompt = cfg.max_prompt_tokens or max(len(self.prompts.ids(p)) for p in self.train_problems[:2000])
+        if note := budget_below_one_sequence(cfg.max_tokens_per_micro_batch, longest_prompt, cfg.max_new_tokens):
+            log.warning("%s", note)
         max_len = context_length(longest_prompt, cfg.max_new_tokens,
                                  getattr(self.actor.config, "max_position_embeddings", None))
         return RolloutEngine.from_actor(

@@ -29,7 +29,9 @@ SETTINGS = dict(base="smollm2-135m", trained_layers=4, steps=80, batch_size=16, 
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    p = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--embedded", action="store_true", help="the embedded model's warm start instead")
     p.add_argument("--name", default="smollm2-135m-arith")
     p.add_argument("--out", default=None, help="default: qurl_mini/assets/<name>.safetensors")

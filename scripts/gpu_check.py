@@ -1,6 +1,6 @@
 """The GPU acceptance check: run it first on a new GPU machine (`make gpu-check`; about 10 minutes, an estimate).
 
-    python scripts/gpu_check.py                 # every check this machine can run; report in runs/gpu-check.json
+    python scripts/gpu_check.py                 # every check, on a GPU machine; report in runs/gpu-check.json
     python scripts/gpu_check.py --cpu-half      # only the checks that need no CUDA (what `make test` runs)
 
 Checks, each one line (pass / fail / skipped, with its number):
@@ -238,7 +238,9 @@ CHECKS = {"cuda": (check_cuda, False), "parity-int8": (check_parity("int8"), Tru
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line
+
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--cpu-half", action="store_true", help="only the checks that need no CUDA")
     parser.add_argument("--out-dir", default="runs", help="where gpu-check.json goes")
     parser.add_argument("--data", default=os.path.join(SAMPLE, "train.jsonl"),
@@ -253,6 +255,12 @@ def main(argv=None) -> int:
     parser.add_argument("--prompts", type=int, default=4, help="train-int8: prompts per step")
     parser.add_argument("--group", type=int, default=4, help="train-int8: samples per prompt")
     args = parser.parse_args(argv)
+    from qurl_mini.infra.hardware import listed_gpus
+
+    if not args.cpu_half and not listed_gpus():  # the CUDA half would only say "skipped" after minutes of the rest
+        print("error: no GPU here (nvidia-smi lists none): the checks that need CUDA (cuda, throughput) cannot run on "
+              "this machine; --cpu-half runs the others", file=sys.stderr)
+        return 2
     if args.test_data is None and args.data == parser.get_default("data"):
         args.test_data = os.path.join(SAMPLE, "test.jsonl")
     os.makedirs(args.out_dir, exist_ok=True)

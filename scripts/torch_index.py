@@ -12,6 +12,7 @@ torch from counting, and a dry run copies nothing. Run it with the pip that will
 (`.venv/bin/python scripts/torch_index.py [INDEX_URL]`). The one-line decision goes to stderr,
 the flags to stdout: the Makefile splices them into its `pip install`.
 """
+import argparse
 import re
 import subprocess
 import sys
@@ -46,6 +47,11 @@ def decide(index=CPU_INDEX, requirements=REQUIREMENTS):
 
 
 if __name__ == "__main__":
-    flags, line = decide(*sys.argv[1:2])
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag: one line (stdlib only: runs before the install)
+
+    parser = ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("index", nargs="?", default=CPU_INDEX, help=f"the wheel index to add (default {CPU_INDEX})")
+    flags, line = decide(parser.parse_args().index)
     print(line, file=sys.stderr)
     print(" ".join(flags))

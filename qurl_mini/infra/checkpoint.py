@@ -202,28 +202,56 @@ def damage(ckpt: str) -> str | None:
 
 
 IDENTITY = ("model_type", "vocab_size", "hidden_size", "num_hidden_layers")
+# The flags a resumed run may change: where and when it ends, saves, evaluates, measures and reports (each step
+# reseeds from (seed, step), so an evaluation or a save draws no randomness that a later step reads;
+# --measure-acr-gap's extra gradient goes to no update), and gradient checkpointing (the same forward recomputed:
+# bit-equal gradients). Any other flag that differs from the one the checkpoint was saved with refuses
+# (`changed_flags`): the layout flags too (--shared-prompt changes which rows share a minibatch; --micro-batch-size
+# and --max-tokens-per-micro-batch sum each gradient in another order: equal up to rounding, not bit for bit).
+RESUME_FREE = ("steps", "eval_every", "save_every", "keep", "resume", "max_bad_steps", "mismatch_warn_kl",
+               "measure_acr_gap", "token_page_responses", "preset", "dry_run", "run_name", "out_dir", "cache_dir",
+               "report_to", "verbose", "gradient_checkpointing")
 
 
-def check_resumable(ckpt: str, algo: str, base_model: str) -> None:
+def check_resumable(ckpt: str, config: dict, base_model: str) -> None:
     """One ResumeError line where the checkpoint belongs to another kind of run: another --algo (its critic and
-    optimizer state differ), or another model than this run's base (another vocabulary or shape)."""
+    optimizer state differ), another model than this run's base (another vocabulary or shape), or any flag outside
+    RESUME_FREE set otherwise (its steps would mix two settings in one run)."""
+    algo = config["algo"]
     state = load_trainer_state(ckpt)
     saved_algo = state.get("config", {}).get("algo")
     if saved_algo and saved_algo != algo:
         raise ResumeError(f"--resume {ckpt}: a --algo {saved_algo} run's checkpoint, and this run is --algo {algo}; "
                           f"resume with --algo {saved_algo} or start a new run")
     base_config = os.path.join(base_model, "config.json")
-    if not os.path.isfile(base_config):
-        return  # a hub id: nothing local to compare with
-    with open(os.path.join(ckpt, "actor", "config.json")) as f:
-        saved = json.load(f)
-    with open(base_config) as f:
-        base = json.load(f)
-    differ = [k for k in IDENTITY if saved.get(k) != base.get(k)]
-    if differ:
-        raise ResumeError(f"--resume {ckpt}: its model ({', '.join(f'{k} {saved.get(k)}' for k in differ)}) is not "
-                          f"this run's {base_model} ({', '.join(f'{k} {base.get(k)}' for k in differ)}); give the "
-                          f"--model that run used")
+    if os.path.isfile(base_config):  # a local model (a hub id: nothing local to compare with)
+        with open(os.path.join(ckpt, "actor", "config.json")) as f:
+            saved = json.load(f)
+        with open(base_config) as f:
+            base = json.load(f)
+        differ = [k for k in IDENTITY if saved.get(k) != base.get(k)]
+        if differ:
+            raise ResumeError(f"--resume {ckpt}: its model ({', '.join(f'{k} {saved.get(k)}' for k in differ)}) is "
+                              f"not this run's {base_model} ({', '.join(f'{k} {base.get(k)}' for k in differ)}); give "
+                              f"the --model that run used")
+    changed = changed_flags(state.get("config", {}), config)
+    if changed:
+        was, now = (" ".join(flag_value(name, values[i]) for name, values in changed.items()) for i in (0, 1))
+        raise ResumeError(f"--resume {ckpt}: saved with {was}, and this run has {now}: its steps would mix two "
+                          f"settings in one run; resume with {was} or start a new run")
+
+
+def changed_flags(saved: dict, config: dict) -> dict:
+    """{flag: (saved value, this run's)} of the flags outside RESUME_FREE that differ; a flag the checkpoint does not
+    record (it is older than the flag) is not compared."""
+    return {name: (saved[name], value) for name, value in config.items()
+            if name not in RESUME_FREE and name in saved and saved[name] != value}
+
+
+def flag_value(name: str, value) -> str:
+    """'--max-tokens-per-micro-batch 8', '--shared-prompt false', 'no --quant-keep'."""
+    flag = f"--{name.replace('_', '-')}"
+    return f"no {flag}" if value is None else f"{flag} {str(value).lower() if isinstance(value, bool) else value}"
 
 
 def load_trainer_state(ckpt: str) -> dict:

@@ -84,6 +84,15 @@ def micro_batch_tokens(cfg) -> int:
     return cfg.micro_batch_size * (prompt + response)
 
 
+def budget_below_one_sequence(max_tokens: int | None, longest_prompt: int, max_new_tokens: int) -> str | None:
+    """One line where --max-tokens-per-micro-batch is below the longest prompt plus its response: what runs then."""
+    if max_tokens is None or max_tokens >= longest_prompt + max_new_tokens:
+        return None
+    return (f"--max-tokens-per-micro-batch {max_tokens} is below the longest prompt plus --max-new-tokens "
+            f"({longest_prompt} + {max_new_tokens} tokens): a sequence (with --shared-prompt, a prompt and one "
+            f"response) longer than it runs alone in its micro-batch, over the budget; nothing is dropped or cut")
+
+
 def packed_row_tokens(prompt: int, response: int, group: int) -> int:
     """Tokens of one packed row `[prompt | r1 | ... | rG]`."""
     return prompt + group * response
