@@ -185,7 +185,7 @@ def test_platform_only_flags_on_another_platform(run_a):
     if listed_gpus():
         pytest.skip("a GPU is listed here: --enforce-eager and gpu-check's CUDA half are at home")
     note = "--enforce-eager: this machine has no CUDA, and CPU engines always run eagerly: it changes nothing here"
-    assert run_a[3].count(note) == 1  # once, though the run started two engines' worth of checks
+    assert run_a[3].count(note) == 1  # once a process (note_once), however many engines it starts
     line = one_line(run("scripts/gpu_check.py", "--out-dir", run_a[0] / "gpu-check"))
     assert line == ("error: no GPU here (nvidia-smi lists none): the checks that need CUDA (cuda, throughput) cannot "
                     "run on this machine; --cpu-half runs the others")
