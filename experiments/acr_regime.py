@@ -320,9 +320,9 @@ def main(argv=None) -> int:
               + ("" if setting else "; no setting chosen yet, so no comparison"))
         return 0
     rows = compare_rows(setting)
-    compare_jobs = [(f"{row}-seed{seed}", flags + ["--steps", str(COMPARE_STEPS), "--eval-every", "25",
-                                                   "--save-every", "25", "--seed", str(seed)])
-                    for seed in args.seeds for row, flags in rows.items()]
+    compare_jobs = [(f"{row}-seed{seed}", rows[row] + ["--steps", str(COMPARE_STEPS), "--eval-every", "25",
+                                                       "--save-every", "25", "--seed", str(seed)])
+                    for pair in (("tis", "acr"), ("bf16", "naive", "field")) for seed in args.seeds for row in pair]
     if not args.report_only:
         print(f"acr regime: {len(rows)} rows x {len(args.seeds)} seeds at {setting} -> {args.work}", flush=True)
         run_many(args.work, compare_jobs, os.path.join(args.work, "logs"), args.parallel)
