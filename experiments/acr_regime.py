@@ -176,7 +176,7 @@ def pilot_page(args, pilot: dict, chosen: str | None, missing: list[str]) -> Non
     from qurl_mini.infra.hardware import describe_cpu
 
     lines = [f"# ACR's regime, the pilot\n",
-             f"Made by `python experiments/acr_regime.py --pilot{' --real' if args.real else ''}"
+             f"Made by `python experiments/acr_regime.py{' --pilot' if args.pilot else ''}{' --real' if args.real else ''}"
              f"{' --report-only' if args.report_only else ''}` at commit {commit()} (runs on disk are reused; this "
              f"page on {describe_cpu()}). Toy rows: {PILOT_STEPS['toy']} steps, `train.py` + "
              + " ".join(f"`{k} {v}`" for k, v in TOY.items()) + f"; real rows: {PILOT_STEPS['real']} steps, "
@@ -312,9 +312,10 @@ def main(argv=None) -> int:
                    {}, f"acr regime pilot ({args.work_pilot})")
     pilot = {name: run_numbers(r) for name, r in finished.items()}
     chosen = choose(pilot)
-    pilot_page(args, pilot, chosen, [name for name, _ in jobs if name not in finished])
-    print(open(args.out + "_pilot.md").read())
     setting = args.setting or chosen
+    if args.pilot or args.smoke or args.report_only or setting is None:  # the comparison leaves the pilot's page
+        pilot_page(args, pilot, chosen, [name for name, _ in jobs if name not in finished])
+        print(open(args.out + "_pilot.md").read())
     if args.pilot or args.smoke or setting is None:
         print(f"acr_regime: pilot page {args.out}_pilot.md in {(time.time() - t0) / 60:.0f} min"
               + ("" if setting else "; no setting chosen yet, so no comparison"))
