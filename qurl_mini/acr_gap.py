@@ -7,7 +7,7 @@ such a token (none elsewhere: there the difference is exactly 0). `--measure-acr
 """
 import torch
 
-from .loss import policy_loss
+from .loss import aggregate_sum, policy_objective, policy_stats
 
 PAIR = ("tis", "acr")  # the objectives whose gradients differ by what this measures
 
@@ -23,16 +23,16 @@ class AcrTisGap:
         self.diff = None  # [grad of (loss_ACR - loss_TIS)] per parameter, summed over micro-batches
         self.examples, self.keep = [], examples  # up to `examples` rescued tokens, as `rescued_tokens` gives them
 
-    def add(self, logp, micro, *, agg, over, **objective_args) -> None:
-        """Before the micro-batch's own backward (its graph is kept for it)."""
-        loss_acr, stats = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask,
-                                      objective="acr", agg=agg, over=over, **objective_args)
-        if stats["clip_rescued_frac"] == 0:
+    def add(self, logp, micro, *, agg, units, **objective_args) -> None:
+        """Before the micro-batch's own backward (its graph is kept for it). units: what the update divides the
+        micro-batch's sum by (its minibatch's, loss.aggregation_units), so the difference is the update's."""
+        tokens = (logp, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask)
+        if policy_stats(logp.detach(), *tokens[1:], objective="acr", **objective_args)["clip_rescued_frac"] == 0:
             return  # no rescued token: the two gradients are equal here
         if len(self.examples) < self.keep:
             self.examples += rescued_tokens(logp, micro, **objective_args)[:self.keep - len(self.examples)]
-        loss_tis, _ = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask,
-                                  objective="tis", agg=agg, over=over, **objective_args)
+        loss_acr, loss_tis = (-(aggregate_sum(policy_objective(*tokens, objective=name, **objective_args), micro.mask,
+                                              agg) / units) for name in ("acr", "tis"))
         grads = torch.autograd.grad(loss_acr - loss_tis, self.params, retain_graph=True, allow_unused=True)
         grads = [torch.zeros_like(p) if g is None else g for p, g in zip(self.params, grads)]
         self.diff = grads if self.diff is None else [d + g for d, g in zip(self.diff, grads)]

@@ -1,13 +1,16 @@
-"""The full-precision HF actor (and PPO's critic): loading and per-token log-probs of a SequenceBatch."""
+"""The full-precision HF actor (and PPO's critic): loading, and per-token log-probs of a SequenceBatch.
+
+The plain path, each row on its own, is the one to read: `batched_logprobs` -> `token_logprobs` -> the model.
+--shared-prompt swaps in `shared_prompt_logprobs` (and `shared_prompt_values`, `packing.packed_micro_batches`):
+the same inputs and outputs with each group's prompt run once, an exact speed-up to read second."""
 import contextlib
 import os
 
 import torch
-import torch.nn.functional as F
 import torch.utils.checkpoint
 
-from .batch import micro_batch_slices
-from .packing import pack_groups, packed_micro_batches
+from .batch import SequenceBatch, micro_batch_slices
+from .packing import pack_groups, packed_micro_batches, prompt_groups
 from .infra.paths import ModelError, check_model_dir, first_line
 
 
@@ -66,7 +69,8 @@ LOGPROB_CHUNK_TOKENS = 1024  # positions whose [chunk, vocab] fp32 logits exist 
 
 def token_logprobs(model, input_ids, attention_mask, temperature: float = 1.0,
                    chunk_tokens: int = LOGPROB_CHUNK_TOKENS, only=None) -> torch.Tensor:
-    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t, float32, [N, L-1].
+    """log pi(input_ids[:, t+1] | input_ids[:, :t+1]) for every t, float32, [N, L-1]: the logit at position t
+    scores the token at t + 1 (the picture of a row: `batch.pack_sequences`), over `temperature`.
 
     Never materialises [N, L, vocab] logits (tens of GB for a 152k vocabulary): the lm_head runs on
     `chunk_tokens` positions at a time, each reduced at once to logit(target) - logsumexp(logits);
@@ -105,19 +109,6 @@ def head_logprobs(model, hidden, targets, temperature: float = 1.0, chunk_tokens
     return torch.cat(pieces) if pieces else hidden.new_zeros(0, dtype=torch.float32)
 
 
-def shared_prompt_logprobs(model, seq, group_sizes: list[int], temperature: float = 1.0,
-                           chunk_tokens: int = LOGPROB_CHUNK_TOKENS) -> torch.Tensor:
-    """token_logprobs of the response tokens of `seq` ([n, L-1], 0 elsewhere), each group's prompt run once:
-    `group_sizes` consecutive rows share a prompt and are packed into one row (packing.pack_groups)."""
-    packed = pack_groups(seq, group_sizes).to(device_of(model))
-    inputs = dict(input_ids=packed.input_ids, attention_mask=packed.attention_bias, position_ids=packed.position_ids)
-    if getattr(model.config, "final_logit_softcapping", None) or hasattr(model.config, "logit_scale"):
-        logits = packed.gather(model(**inputs).logits).float() / temperature  # the model's own head
-        return packed.unpack(logits.log_softmax(-1).gather(-1, packed.target_ids[:, None]).squeeze(-1))
-    hidden = packed.gather(model.base_model(**inputs).last_hidden_state)
-    return packed.unpack(head_logprobs(model, hidden, packed.target_ids, temperature, chunk_tokens))
-
-
 def device_of(model) -> torch.device:
     return next(model.parameters()).device
 
@@ -144,43 +135,6 @@ def enable_gradient_checkpointing(*models) -> None:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
 
 
-def sequence_logprobs(model, seq, temperature: float = 1.0, groups: list[int] | None = None) -> torch.Tensor:
-    """The response tokens' log-probs of a (trimmed) micro-batch on the model's device, [n, w-1]: each row on its
-    own (groups None), or each run of `groups` rows sharing a prompt packed into one row (--shared-prompt)."""
-    if groups is None:
-        return token_logprobs(model, seq.input_ids, seq.attention_mask, temperature, only=seq.response_mask)
-    return shared_prompt_logprobs(model, seq, groups, temperature)
-
-
-def micro_batch_plan(seq, micro_batch_size: int, max_tokens: int | None, shared: bool) -> list[tuple[slice, list | None]]:
-    """(rows, packed groups or None) of each micro-batch: --micro-batch-size sequences or
-    --max-tokens-per-micro-batch tokens, of rows (unshared) or of whole packed groups (--shared-prompt)."""
-    if shared:
-        return packed_micro_batches(seq, micro_batch_size, max_tokens)
-    return [(rows, None) for rows in micro_batch_slices(seq.attention_mask, micro_batch_size, max_tokens)]
-
-
-def _per_micro_batch(fn, batch, micro_batch_size: int, max_tokens: int | None, shared: bool, device) -> torch.Tensor:
-    """fn(micro-batch on `device`, its packed groups or None) -> [n, w-1] on each (trimmed) micro-batch,
-    zero-padded back to the batch's [N, L-1] on the batch's device."""
-    pieces = []
-    for rows, groups in micro_batch_plan(batch, micro_batch_size, max_tokens, shared):
-        micro = batch[rows].trimmed()
-        with autocast_context(device.type):
-            out = fn(micro.to(device), groups).float()
-        pieces.append(F.pad(out, (0, batch.input_ids.shape[1] - micro.input_ids.shape[1])).to(batch.input_ids.device))
-    return torch.cat(pieces)
-
-
-@torch.no_grad()
-def batched_logprobs(model, batch, micro_batch_size: int, temperature: float, max_tokens: int | None = None,
-                     shared: bool = False):
-    """token_logprobs of the response tokens over micro-batches of --micro-batch-size rows or
-    --max-tokens-per-micro-batch tokens (shared: each group's prompt once); prompt and padding positions are 0."""
-    return _per_micro_batch(lambda micro, groups: sequence_logprobs(model, micro, temperature, groups),
-                            batch, micro_batch_size, max_tokens, shared, device_of(model))
-
-
 class Critic(torch.nn.Module):
     """PPO's value model: the actor's backbone (a copy) with a scalar head."""
 
@@ -194,26 +148,68 @@ class Critic(torch.nn.Module):
         torch.nn.init.zeros_(self.value_head.bias)
 
     def forward(self, input_ids, attention_mask):
-        """V(prefix up to t) for each t, [N, L-1] (aligned with the targets)."""
-        hidden = self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
-        return self._head(hidden[:, :-1])
+        """V(prefix up to t) for each t, [N, L-1], aligned with the targets."""
+        return self.head(self.backbone(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1])
 
-    def values(self, seq, groups: list[int] | None = None):
-        """V at every position of a micro-batch ([n, w-1]); with `groups` (--shared-prompt) each group's prompt runs
-        once and only the response positions (all that GAE and the value loss read) get a value."""
-        if groups is None:
-            return self(seq.input_ids, seq.attention_mask)
-        packed = pack_groups(seq, groups).to(device_of(self))
-        hidden = self.backbone(input_ids=packed.input_ids, attention_mask=packed.attention_bias,
-                               position_ids=packed.position_ids).last_hidden_state
-        return packed.unpack(self._head(packed.gather(hidden)))
-
-    def _head(self, hidden):
+    def head(self, hidden):
         with torch.autocast(hidden.device.type, enabled=False):  # the value head in fp32, also under autocast
             return self.value_head(hidden.float()).squeeze(-1)
 
 
 @torch.no_grad()
-def batched_values(critic, batch, micro_batch_size: int, max_tokens: int | None = None, shared: bool = False):
-    return _per_micro_batch(lambda micro, groups: critic.values(micro, groups), batch, micro_batch_size,
-                            max_tokens, shared, device_of(critic))
+def batched_logprobs(model, seq, micro_batch_size: int, temperature: float, max_tokens: int | None = None,
+                     shared: bool = False) -> torch.Tensor:
+    """log pi of every response token of `seq` (0 elsewhere), [N, L-1] on its device: token_logprobs on
+    micro-batches of --micro-batch-size rows or --max-tokens-per-micro-batch tokens, each cut to its longest row.
+    shared (--shared-prompt): shared_prompt_logprobs on micro-batches of whole groups, the same numbers."""
+    out = torch.zeros(seq.response_mask.shape, device=seq.input_ids.device)
+    plan = packed_micro_batches if shared else micro_batch_slices  # rows, or whole packed groups
+    for rows in plan(seq, micro_batch_size, max_tokens):
+        micro = seq[rows].trimmed().to(device_of(model))
+        inputs, only = (model, micro.input_ids, micro.attention_mask, temperature), micro.response_mask
+        with autocast_context(micro.input_ids.device.type):
+            logp = shared_prompt_logprobs(*inputs, only=only) if shared else token_logprobs(*inputs, only=only)
+        out[rows, :logp.shape[1]] = logp.float().to(out.device)
+    return out
+
+
+@torch.no_grad()
+def batched_values(critic, seq, micro_batch_size: int, max_tokens: int | None = None, shared: bool = False):
+    """PPO's V_old, [N, L-1] (every position; shared: the response positions), micro-batched as batched_logprobs."""
+    out = torch.zeros(seq.response_mask.shape, device=seq.input_ids.device)
+    plan = packed_micro_batches if shared else micro_batch_slices  # rows, or whole packed groups
+    for rows in plan(seq, micro_batch_size, max_tokens):
+        micro = seq[rows].trimmed().to(device_of(critic))
+        inputs = (critic, micro.input_ids, micro.attention_mask)
+        with autocast_context(micro.input_ids.device.type):
+            values = shared_prompt_values(*inputs, only=micro.response_mask) if shared else critic(*inputs[1:])
+        out[rows, :values.shape[1]] = values.float().to(out.device)
+    return out
+
+
+# ----- --shared-prompt: the same inputs and outputs as token_logprobs and Critic, each group's prompt run once -----
+# (an exact speed-up: every log-prob is the same sum in another order, docs/shared-prompt.md; the packing: packing.py)
+
+
+def shared_prompt_logprobs(model, input_ids, attention_mask, temperature: float = 1.0,
+                           chunk_tokens: int = LOGPROB_CHUNK_TOKENS, only=None) -> torch.Tensor:
+    """token_logprobs of the response tokens (`only`: the response mask, required), [n, w-1], 0 elsewhere: each
+    run of rows sharing a prompt packed into one row `[prompt | responses]` (packing.pack_groups)."""
+    seq = SequenceBatch(input_ids, attention_mask, only)
+    packed = pack_groups(seq, prompt_groups(seq)).to(device_of(model))
+    inputs = dict(input_ids=packed.input_ids, attention_mask=packed.attention_bias, position_ids=packed.position_ids)
+    if getattr(model.config, "final_logit_softcapping", None) or hasattr(model.config, "logit_scale"):
+        logits = packed.gather(model(**inputs).logits).float() / temperature  # the model's own head
+        return packed.unpack(logits.log_softmax(-1).gather(-1, packed.target_ids[:, None]).squeeze(-1))
+    hidden = packed.gather(model.base_model(**inputs).last_hidden_state)
+    return packed.unpack(head_logprobs(model, hidden, packed.target_ids, temperature, chunk_tokens))
+
+
+def shared_prompt_values(critic, input_ids, attention_mask, only=None) -> torch.Tensor:
+    """The critic's values at the response positions (`only`, required; all that GAE and the value loss read),
+    [n, w-1], 0 elsewhere: each group's prompt run once."""
+    seq = SequenceBatch(input_ids, attention_mask, only)
+    packed = pack_groups(seq, prompt_groups(seq)).to(device_of(critic))
+    hidden = critic.backbone(input_ids=packed.input_ids, attention_mask=packed.attention_bias,
+                             position_ids=packed.position_ids).last_hidden_state
+    return packed.unpack(critic.head(packed.gather(hidden)))

@@ -7,7 +7,7 @@ import torch
 @dataclass
 class SequenceBatch:
     """Prompt+response rows, right-padded. Per-token tensors are [N, L-1], aligned with targets
-    input_ids[:, 1:]; response_mask is 1 where the target is a response token."""
+    input_ids[:, 1:]; response_mask is 1 where the target is a response token (the picture: `pack_sequences`)."""
     input_ids: torch.Tensor
     attention_mask: torch.Tensor
     response_mask: torch.Tensor
@@ -34,15 +34,15 @@ class SequenceBatch:
         return SequenceBatch(self.input_ids[:, :w], self.attention_mask[:, :w], self.response_mask[:, :w - 1])
 
 
-def micro_batch_slices(attention_mask: torch.Tensor, max_rows: int, max_tokens: int | None = None) -> list[slice]:
+def micro_batch_slices(seq: SequenceBatch, max_rows: int, max_tokens: int | None = None) -> list[slice]:
     """Consecutive rows per micro-batch: `max_rows` of them, or (with `max_tokens`) greedily as many as
     keep rows x longest row <= max_tokens, the rows padded to their own longest; a single row longer
     than max_tokens is a micro-batch of its own."""
-    n = attention_mask.shape[0]
+    n = len(seq)
     if max_tokens is None:
         return [slice(i, min(i + max_rows, n)) for i in range(0, n, max_rows)]
-    columns = torch.arange(1, attention_mask.shape[1] + 1)
-    lengths = (attention_mask.bool() * columns).amax(-1).clamp(min=2).tolist()  # last attended column + 1
+    columns = torch.arange(1, seq.attention_mask.shape[1] + 1)
+    lengths = (seq.attention_mask.bool() * columns).amax(-1).clamp(min=2).tolist()  # last attended column + 1
     slices, start, longest = [], 0, 0
     for i, length in enumerate(lengths):
         if i > start and (i - start + 1) * max(longest, length) > max_tokens:
@@ -53,6 +53,17 @@ def micro_batch_slices(attention_mask: torch.Tensor, max_rows: int, max_tokens: 
 
 
 def pack_sequences(prompts: list[list[int]], responses: list[list[int]], pad_id: int) -> SequenceBatch:
+    """Rows prompt + response, right-padded. A row with prompt p0 p1 p2 and response a0 a1 (another row is one
+    token longer), and where each per-token tensor [N, L-1] has its column t:
+
+        column t          0    1    2    3    4    5
+        input_ids         p0   p1   p2   a0   a1   pad
+        attention_mask    1    1    1    1    1    0
+        target            p1   p2   a0   a1   pad        input_ids[:, t + 1], scored by the logit at t
+        response_mask     0    0    1    1    0          where the target is a response token
+
+    The response starts at t = len(p) - 1: the prompt's last logit (p2's) scores a0, the first response token.
+    (tests/test_logprobs.py reads this picture and checks it against the code.)"""
     rows = [p + r for p, r in zip(prompts, responses)]
     width = max(map(len, rows))
     input_ids = torch.full((len(rows), width), pad_id, dtype=torch.long)
@@ -110,7 +121,3 @@ class Experience:
         """Without the padding columns beyond the longest row (per-token tensors cut to match)."""
         w = self.sequences.width
         return replace(self._map(lambda t: t[:, :w - 1]), sequences=self.sequences.trimmed())
-
-    def micro_batches(self, max_rows: int, max_tokens: int | None = None) -> list["Experience"]:
-        """--micro-batch-size rows, or --max-tokens-per-micro-batch tokens when set; each trimmed."""
-        return [self[s].trimmed() for s in micro_batch_slices(self.sequences.attention_mask, max_rows, max_tokens)]

@@ -1,11 +1,18 @@
-"""Policy objectives of the QuRL paper, one function per equation, plus KL and value losses.
+"""Policy objectives of the QuRL paper, one function per equation, plus the KL and value losses.
 
-Three policies score every sampled token (all as log-probabilities, tensors [B, T]):
-    logp        pi_theta   the actor being updated (carries the gradient)
-    prox_logp   pi_prox    the full-precision old actor, recomputed before the update
-    behav_logp  pi_behav   the (quantized) rollout engine that sampled the token
-With R = pi_theta/pi_prox, R_hat = pi_theta/pi_behav and rho = pi_prox/pi_behav, every objective
-below is one weighted PPO surrogate  weight * min(ratio * A, clip(ratio, low, high) * A).
+The paper's symbols in this file (all of them, flags included: docs/symbols.md). Per token, tensors [B, T]:
+    logp        log pi_theta     the actor being updated (carries the gradient)
+    prox_logp   log pi_prox      pi_theta_old: the full-precision actor before the update
+    behav_logp  log pi_behav     pi_theta_hat_old: the (quantized) rollout engine that sampled the token
+    A           A_{i,t}          advantages;  mask: 1 on the response tokens, |o_i| = mask.sum(-1)
+    R = pi_theta / pi_prox,  R_hat = pi_theta / pi_behav,  rho = pi_prox / pi_behav
+    C = tis_cap (--tis-cap);  eps_low, eps_high = clip_low, clip_high;  r = 1 / max(1, rho / C) (Eq. 6-7)
+Every objective is one weighted PPO surrogate, weight * min(ratio * A, clip(ratio, low, high) * A), averaged as
+--loss-agg says (Eq. 1's 1/G sum_i 1/|o_i| sum_t, over a batch's responses, or DAPO's mean over its tokens).
+
+ACR by hand (eps = 0.2, C = 2): a token with rho = 5 has r = 2 / 5 = 0.4, weight min(5, 2) = 2 and upper bound
+1.2 / 0.4 = 3.0. With R = 1.5 and A = +1, TIS clips R at 1.2 (zero gradient) while ACR passes the token with
+weight 2. At rho = 1e5 (the paper's Fig. 3b) the bound is 1.2 * 1e5 / 2 = 6e4. (tests/test_loss.py redoes these.)
 """
 import math
 from dataclasses import dataclass
@@ -56,19 +63,15 @@ def objective_tis(R, R_hat, rho, eps_low, eps_high, C, seq=None):
 
 
 def objective_acr(R, R_hat, rho, eps_low, eps_high, C, seq=None):
-    """Eq. 9 (QuRL ACR): TIS whose upper clip bound grows to (1+eps)/r where pi_behav was truncated.
-
-    Eq. 6-8: truncating the weight at C is the same as replacing pi_behav by max(pi_behav, pi_prox / C), i.e.
-    weighting the decoupled term (Eq. 4) by r = pi_behav / max(pi_behav, pi_prox / C) <= 1: the token's term is
-    rho * (r R) * A. Seen on the ratio that carries the update, r R, TIS's clip of R at 1 + eps is a clip of r R
-    at r (1 + eps): r scales the clip range down where the sampler was most off (Eq. 8). ACR keeps the upper
-    bound where it should be: clipping R at (1 + eps) / r clips r R at 1 + eps again."""
+    """Eq. 9 (QuRL ACR): TIS whose upper clip bound grows to (1+eps)/r where pi_behav was truncated. Eq. 6-8: the
+    truncation replaces pi_behav by max(pi_behav, pi_prox / C), weighting Eq. 4's term by r <= 1: rho (r R) A, so TIS's
+    clip of R at 1 + eps clips r R at r (1 + eps) (Eq. 8); clipping R at (1 + eps) / r clips r R at 1 + eps again."""
     r = 1.0 / torch.clamp(rho / C, min=1.0)  # r = pi_behav / max(pi_behav, pi_prox / C)   (Eq. 6-7)
     return ClippedSurrogate(weight=torch.clamp(rho, max=C), ratio=R, low=1 - eps_low, high=(1 + eps_high) / r)
 
 
-# ----- the corrections frameworks use today (TRL, verl, slime, NeMo-RL), on the same footing ----------------
-# Thresholds come from C = --tis-cap: keep [1/C, C] (TRL's default is C = 3: --tis-cap 3).
+# ----- the corrections frameworks use today (TRL, verl, slime, NeMo-RL), on the same footing: their thresholds
+# come from C = --tis-cap, keep [1/C, C] (TRL's default is C = 3: --tis-cap 3) --------------------------------
 
 
 @dataclass
@@ -123,66 +126,65 @@ POLICY_OBJECTIVES = {**OBJECTIVE_FNS, **CORRECTION_FNS}  # what --objective choo
 OBJECTIVES = tuple(POLICY_OBJECTIVES)
 
 
-def masked_mean(x, mask, dim=None, over=None):
-    """Mean of x where mask is 1. `over`: the count to divide by instead of the mask's own: a micro-batch
-    divides by its whole minibatch's count, so that the micro-batches' results add up to the minibatch's."""
-    return (x * mask).sum(dim) / (mask.sum(dim).clamp(min=1) if over is None else over)
+def masked_mean(x, mask, dim=None):
+    """Mean of x where mask is 1 (0 where it has no 1)."""
+    return (x * mask).sum(dim) / mask.sum(dim).clamp(min=1)
 
 
-def aggregate(per_token, mask, agg, over=None):
-    """'token-mean': sum_t over all tokens / their number; 'seq-mean-token-mean': Eq. 1's
-    1/G sum_i 1/|o_i| sum_t, G = the non-empty rows. `over`: that number of tokens or of rows
-    (`aggregation_units`) of the whole minibatch, for a micro-batch of it."""
+def aggregate(per_token, mask, agg):
+    """The --loss-agg average of a batch: aggregate_sum / aggregation_units."""
+    return aggregate_sum(per_token, mask, agg) / aggregation_units(mask, agg)
+
+
+def aggregate_sum(per_token, mask, agg):
+    """'token-mean' (DAPO): the sum over all tokens; 'seq-mean-token-mean': Eq. 1's sum_i 1/|o_i| sum_t."""
     if agg == "token-mean":
-        return masked_mean(per_token, mask, over=over)
-    if agg == "seq-mean-token-mean":
-        has_tokens = mask.sum(-1) > 0
-        per_seq = masked_mean(per_token, mask, dim=-1)  # 1/|o_i| sum_t
-        return per_seq[has_tokens].sum() / (has_tokens.sum().clamp(min=1) if over is None else over)
-    raise ValueError(f"unknown aggregation {agg!r}; choose from {AGGREGATIONS}")
+        return (per_token * mask).sum()
+    return masked_mean(per_token, mask, dim=-1)[mask.sum(-1) > 0].sum()
 
 
 def aggregation_units(mask, agg):
-    """What `aggregate` divides by: the tokens ('token-mean') or the non-empty rows (G)."""
+    """What aggregate_sum is divided by: the tokens, or the responses that have tokens (Eq. 1's G); at least 1."""
     if agg not in AGGREGATIONS:
         raise ValueError(f"unknown aggregation {agg!r}; choose from {AGGREGATIONS}")
-    return mask.sum() if agg == "token-mean" else (mask.sum(-1) > 0).sum()
+    return (mask.sum() if agg == "token-mean" else (mask.sum(-1) > 0).sum()).clamp(min=1)
 
 
-def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, objective, clip_low=0.2,
-                clip_high=0.2, tis_cap=2.0, agg="token-mean", over=None):
-    """loss = -aggregate(objective per token) (`over`: the minibatch's units, for a micro-batch of it), and
-    stats about clipping and truncation over these tokens (a minibatch's: `policy_stats`; the sampler gap
-    over the whole step: `sampler_mismatch`)."""
+def clipped_surrogate(logp, prox_logp, behav_logp, mask, *, objective, clip_low=0.2, clip_high=0.2, tis_cap=2.0, seq=None):
+    """The --objective's ClippedSurrogate on these tokens, and rho: the ratios of Sec. 4.1, formed here alone.
+    seq: each token's response's ratio (`sequence_ratio`; by default, of the rows of these [B, T] tensors)."""
     if objective not in POLICY_OBJECTIVES:
         raise ValueError(f"unknown objective {objective!r}; choose from {OBJECTIVES}")
-    mask = mask.to(logp.dtype)
-    prox_logp, behav_logp, A = prox_logp.detach(), behav_logp.detach(), advantages.detach()
-    R = torch.exp(logp - prox_logp)
-    R_hat = torch.exp(logp - behav_logp)
-    rho = torch.exp(prox_logp - behav_logp)
-    surrogate = POLICY_OBJECTIVES[objective](R, R_hat, rho, clip_low, clip_high, tis_cap, seq=sequence_ratio(rho, mask))
-    loss = -aggregate(surrogate.per_token(A), mask, agg, over)
-    with torch.no_grad():
-        stats = surrogate_stats(surrogate, A, rho, mask, plain_high=1 + clip_high, tis_cap=tis_cap)
-    return loss, stats
+    prox_logp, behav_logp = prox_logp.detach(), behav_logp.detach()
+    R, R_hat, rho = torch.exp(logp - prox_logp), torch.exp(logp - behav_logp), torch.exp(prox_logp - behav_logp)
+    seq = sequence_ratio(rho, mask) if seq is None else seq
+    return POLICY_OBJECTIVES[objective](R, R_hat, rho, clip_low, clip_high, tis_cap, seq=seq), rho
+
+
+def policy_objective(logp, prox_logp, behav_logp, advantages, mask, **objective):
+    """The per-token objective weight * min(ratio A, clip(ratio, low, high) A), [B, T], to aggregate over the mask."""
+    surrogate, _ = clipped_surrogate(logp, prox_logp, behav_logp, mask.to(logp.dtype), **objective)
+    return surrogate.per_token(advantages.detach())
+
+
+def policy_loss(logp, prox_logp, behav_logp, advantages, mask, *, agg, **objective):
+    """-aggregate(the per-token objective): the loss of a whole batch (update.py sums a minibatch's micro-batches)."""
+    return -aggregate(policy_objective(logp, prox_logp, behav_logp, advantages, mask, **objective), mask, agg)
 
 
 @torch.no_grad()
-def policy_stats(logp, prox_logp, behav_logp, advantages, seq_log_sum, seq_length, *, objective, clip_low=0.2,
-                 clip_high=0.2, tis_cap=2.0) -> dict:
-    """The clipping and truncation statistics of one minibatch, from its response tokens (1-D tensors: every
-    token of the minibatch at once, so each statistic is what it says: a share, or a max; seq_*: each token's
-    response's, from `sequence_ratio`)."""
-    R, R_hat, rho = (torch.exp(logp - prox_logp), torch.exp(logp - behav_logp), torch.exp(prox_logp - behav_logp))
-    surrogate = POLICY_OBJECTIVES[objective](R, R_hat, rho, clip_low, clip_high, tis_cap,
-                                             seq=SequenceRatio(seq_log_sum, seq_length))
-    return surrogate_stats(surrogate, advantages, rho, torch.ones_like(logp), plain_high=1 + clip_high,
-                           tis_cap=tis_cap)
+def policy_stats(logp, prox_logp, behav_logp, advantages, mask, *, objective, clip_low=0.2, clip_high=0.2,
+                 tis_cap=2.0) -> dict:
+    """The clipping and truncation statistics of a minibatch, the only place they are computed: on all of its
+    response tokens at once, one flat tensor in row order (so each is what it says: a share of them, or a max)."""
+    present, seq = mask > 0, sequence_ratio(torch.exp(prox_logp - behav_logp), mask.to(logp.dtype))
+    flat = [t[present] for t in (logp, prox_logp, behav_logp, advantages, seq.log_sum, seq.length)]
+    surrogate, rho = clipped_surrogate(*flat[:3], None, seq=SequenceRatio(*flat[4:]), objective=objective,
+                                       clip_low=clip_low, clip_high=clip_high, tis_cap=tis_cap)
+    return surrogate_stats(surrogate, flat[3], rho, torch.ones_like(flat[0]), plain_high=1 + clip_high, tis_cap=tis_cap)
 
 
-# how a step's statistics combine over its minibatches and epochs: a max stays a max, the rest are means
-COMBINE = {"rho_max": max, "skipped_updates": sum}
+COMBINE = {"rho_max": max, "skipped_updates": sum}  # over a step's minibatches: a max stays a max, the rest: means
 
 
 def combine_stats(per_minibatch: list[dict]) -> dict:
@@ -201,9 +203,7 @@ def surrogate_stats(surrogate: ClippedSurrogate, A, rho, mask, *, plain_high, ti
     above, below = share(surrogate.clipped_above(A)), share(surrogate.clipped_below(A))
     present = mask > 0
     return {
-        "clip_frac": above + below,
-        "clip_frac_upper": above,
-        "clip_frac_lower": below,
+        "clip_frac": above + below, "clip_frac_upper": above, "clip_frac_lower": below,
         "clip_widened_frac": share(high > plain_high),
         "adv_positive_frac": share(A > 0), "ratio_over_frac": share(ratio > plain_high),  # two of ACR's three
         "clip_rescued_frac": share((A > 0) & (ratio > plain_high) & (ratio <= high)),
@@ -216,8 +216,8 @@ def surrogate_stats(surrogate: ClippedSurrogate, A, rho, mask, *, plain_high, ti
 
 def sampler_mismatch(prox_logp, behav_logp, mask, tis_cap: float) -> dict:
     """How far the sampler (pi_behav) and the learner (pi_prox) disagree on the sampled tokens (Sec. 4.2).
-    KL(behav || prox) two ways: k1 = mean log(pi_behav / pi_prox) (unbiased, noisy, can be < 0) and
-    k3 = mean (rho - 1 - log rho) (always >= 0); rho = pi_prox / pi_behav at its extremes; share with rho > C."""
+    KL(behav || prox) two ways: kl_behav_prox is k1 = mean log(pi_behav / pi_prox) (unbiased, noisy, can be < 0),
+    kl_behav_prox_k3 is k3 = mean (rho - 1 - log rho) (always >= 0); rho's extremes; the share with rho > C."""
     present = mask > 0
     if not present.any():
         return {"kl_behav_prox": 0.0, "kl_behav_prox_k3": 0.0, "rho_max_step": 1.0, "rho_min_step": 1.0,
@@ -242,13 +242,12 @@ def effective_sample_size(weights) -> float:
 
 
 def kl_k3(logp, ref_logp):
-    """Schulman's k3 estimator of KL(pi_theta || pi_ref), per token, always >= 0."""
+    """Schulman's k3 estimator of KL(pi_theta || pi_ref), per token, always >= 0: pi_ref / pi_theta - 1 - log of it."""
     log_ratio = ref_logp - logp
     return torch.exp(log_ratio) - log_ratio - 1
 
 
-def value_loss(values, old_values, returns, mask, clip=0.2, over=None):
-    """PPO's clipped value loss: 0.5 * max((V - G)^2, (clip(V, V_old +- c) - G)^2), a token mean."""
+def value_loss(values, old_values, returns, clip=0.2):
+    """PPO's clipped value loss per token: 0.5 * max((V - G)^2, (clip(V, V_old +- c) - G)^2)."""
     clipped = old_values + torch.clamp(values - old_values, -clip, clip)
-    loss = 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)
-    return masked_mean(loss, mask, over=over)
+    return 0.5 * torch.maximum((values - returns) ** 2, (clipped - returns) ** 2)

@@ -1,10 +1,11 @@
-"""Shared-prompt packing (--shared-prompt): a group's prompt once, its responses after it, in one row.
+"""The shared-prompt step (--shared-prompt): a group's prompt once, its responses after it, in one row.
 
-The G responses of a prompt share it token for token, so the actor can run the prompt once and let each
-response attend to it. Each response sees the prompt and its own earlier tokens, never another response, at the
-positions it would have in its own row: every log-prob is the same sum as in the unshared rows, in another
-order (docs/shared-prompt.md). The log-probs come back in the unshared [N, L-1] layout, so nothing after the
-actor knows which layout ran.
+An exact speed-up, to read after the plain path (actor.token_logprobs, batch.micro_batch_slices). The G
+responses of a prompt share it token for token, so the actor can run the prompt once and let each response
+attend to it. Each response sees the prompt and its own earlier tokens, never another response, at the
+positions it would have in its own row: every log-prob is the same sum as in the plain rows, in another order
+(docs/shared-prompt.md). actor.shared_prompt_logprobs gives them back in the plain [N, L-1] layout, so nothing
+after the actor knows which layout ran; tests/test_shared_prompt.py checks that the two agree.
 """
 from dataclasses import dataclass
 
@@ -141,10 +142,11 @@ def pack_groups(seq: SequenceBatch, group_sizes: list[int]) -> PackedRows:
                       torch.tensor(out_index, dtype=torch.long), (n, targets))
 
 
-def packed_micro_batches(seq: SequenceBatch, max_rows: int, max_tokens: int | None = None) -> list[tuple[slice, list[int]]]:
-    """Micro-batches of whole packed rows: (the rows of `seq` they hold, consecutive; the sizes of their packed
-    rows). A micro-batch holds at most max_rows sequences, or (with max_tokens) packed rows x its longest packed
-    row <= max_tokens; a group that alone is over either is split into sub-rows (`split_groups`)."""
+def packed_micro_batches(seq: SequenceBatch, max_rows: int, max_tokens: int | None = None) -> list[slice]:
+    """Micro-batches of whole packed rows, as consecutive rows of `seq`. A micro-batch holds at most max_rows
+    sequences, or (with max_tokens) packed rows x its longest packed row <= max_tokens; a group that alone is over
+    either is split into sub-rows (`split_groups`). Two sub-rows of one group never share a micro-batch (together
+    they would be over), so `prompt_groups` of a micro-batch gives its packed rows again."""
     pieces = split_groups(seq, prompt_groups(seq), max_rows, max_tokens)
     spans, batches, start, first = row_spans(seq), [], 0, 0
     current, longest = [], 0
@@ -153,9 +155,9 @@ def packed_micro_batches(seq: SequenceBatch, max_rows: int, max_tokens: int | No
         over_rows = sum(current) + size > max_rows
         over_tokens = max_tokens is not None and (len(current) + 1) * max(longest, width) > max_tokens
         if current and (over_tokens if max_tokens is not None else over_rows):
-            batches.append((slice(first, start), current))
+            batches.append(slice(first, start))
             current, longest, first = [], 0, start
         current.append(size)
         longest = max(longest, width)
         start += size
-    return batches + [(slice(first, start), current)] if current else batches
+    return batches + [slice(first, start)] if current else batches

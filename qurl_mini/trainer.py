@@ -236,7 +236,7 @@ class Trainer:
         behav_logp = align_per_token([r.behav_logprobs for r in rollouts], prompts, sequences.input_ids.shape[1])
 
         # 3. the full-precision actor's log-probs of the sampled tokens: pi_prox (and pi_ref, V_old)
-        with timer("logprob"):
+        with timer("logprob"):  # token_logprobs; --shared-prompt: the same numbers, each group's prompt run once
             micro = dict(micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_micro_batch,
                          shared=cfg.shared_prompt)
             prox_logp = batched_logprobs(self.actor, sequences, temperature=cfg.temperature, **micro)

@@ -1,22 +1,23 @@
 """Phase 5 of an RL step: minibatch AdamW steps on the chosen objective (Eq. 1/3/4/5/9, or a correction).
 
-The step's `Experience` is cut into --minibatches for each of --ppo-epochs passes; each minibatch is one
-optimizer step whose gradient is accumulated over micro-batches. Each micro-batch's loss divides by the whole
-minibatch's count, so the micro-batch losses add up to the minibatch's (tests/test_micro_batches.py). The policy
-statistics are computed once per minibatch on all of its response tokens and combine over minibatches by their
-own rule (`loss.COMBINE`: a max stays a max).
+The step's `Experience` is cut into --minibatches for each of --ppo-epochs passes; each minibatch is one optimizer
+step. Gradient accumulation lives here alone: a minibatch's gradient is summed over micro-batches, and each
+micro-batch's loss is its sum over tokens (or responses) divided by the whole minibatch's count
+(loss.aggregation_units), so the micro-batch losses add up to the minibatch's (tests/test_micro_batches.py). The
+policy statistics are computed once per minibatch, on all of its tokens (loss.policy_stats), and combine over
+minibatches by their own rule (loss.COMBINE: a max stays a max).
 """
 import logging
 
 import torch
 
 from .acr_gap import AcrTisGap
-from .actor import autocast_context, device_of, micro_batch_plan, sequence_logprobs
-from .batch import Experience
+from .actor import autocast_context, device_of, shared_prompt_logprobs, shared_prompt_values, token_logprobs
+from .batch import Experience, micro_batch_slices
 from .infra import checkpoint
 from .infra.errors import OneLineError
-from .loss import aggregation_units, combine_stats, kl_k3, masked_mean, policy_loss, policy_stats, sequence_ratio, value_loss
-from .packing import prompt_groups
+from .loss import aggregate_sum, aggregation_units, combine_stats, kl_k3, policy_objective, policy_stats, value_loss
+from .packing import packed_micro_batches, prompt_groups
 
 log = logging.getLogger("qurl_mini")
 
@@ -30,6 +31,7 @@ class Updater:
 
     def __init__(self, cfg, actor, critic=None, reference=None):
         self.cfg, self.actor, self.critic, self.reference = cfg, actor, critic, reference
+        self.clip = dict(clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap)
         self.optimizers = {"actor": torch.optim.AdamW(actor.parameters(), lr=cfg.lr, weight_decay=0.0)}
         if critic is not None:
             self.optimizers["critic"] = torch.optim.AdamW(critic.parameters(), lr=cfg.critic_lr)
@@ -71,32 +73,37 @@ class Updater:
         return list(torch.cat([groups[g] for g in torch.randperm(len(groups)).tolist()]).chunk(self.cfg.minibatches))
 
     def _minibatch_step(self, minibatch: Experience) -> dict | None:
-        """One optimizer step, gradients accumulated over micro-batches (--micro-batch-size rows or
-        --max-tokens-per-micro-batch tokens); None where it was skipped."""
-        cfg = self.cfg
-        over = {"policy": aggregation_units(minibatch.mask, cfg.loss_agg).clamp(min=1),  # G rows, or tokens
-                "tokens": minibatch.mask.sum().clamp(min=1)}  # KL and value loss are token means
+        """One optimizer step, its gradient accumulated over micro-batches (--micro-batch-size rows or
+        --max-tokens-per-micro-batch tokens), and the minibatch's statistics; None where it was skipped."""
+        cfg, device, mask = self.cfg, device_of(self.actor), minibatch.mask
+        units = {"policy": aggregation_units(mask, cfg.loss_agg), "tokens": aggregation_units(mask, "token-mean")}
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
-        loss_parts, tokens = {}, []
+        parts, logp = {}, torch.zeros_like(mask)  # logp: pi_theta on every token of the minibatch, for its statistics
         gap = AcrTisGap(self.actor, cfg.objective) if cfg.measure_acr_gap else None
-        plan = micro_batch_plan(minibatch.sequences, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch,
-                                cfg.shared_prompt)
-        for rows, groups in plan:
-            micro = minibatch[rows].trimmed().to(device_of(self.actor))
-            loss, parts, logp = self._micro_loss(micro, groups, over)
+        shared = cfg.shared_prompt  # the same numbers, each group's prompt run once (actor.shared_prompt_logprobs)
+        plan = packed_micro_batches if shared else micro_batch_slices  # rows, or whole packed groups
+        for rows in plan(minibatch.sequences, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
+            micro = minibatch[rows].trimmed().to(device)
+            inputs, only = (micro.sequences.input_ids, micro.sequences.attention_mask), micro.mask
+            with autocast_context(device.type):  # the forward
+                micro_logp = (shared_prompt_logprobs(self.actor, *inputs, cfg.temperature, only=only) if shared
+                              else token_logprobs(self.actor, *inputs, cfg.temperature, only=only))
+                values = None
+                if self.critic is not None:  # PPO
+                    values = shared_prompt_values(self.critic, *inputs, only=only) if shared else self.critic(*inputs)
+            loss, micro_parts = self._micro_loss(micro, micro_logp, values, units)
             if not torch.isfinite(loss):
                 log.warning("non-finite loss (%s); skipping this update", loss.item())
                 return None
             if gap is not None:
-                gap.add(logp, micro, agg=cfg.loss_agg, over=over["policy"], clip_low=cfg.clip_low,
-                        clip_high=cfg.clip_high, tis_cap=cfg.tis_cap)
+                gap.add(micro_logp, micro, agg=cfg.loss_agg, units=units["policy"], **self.clip)
             loss.backward()
-            for k, v in parts.items():  # each part is divided by the minibatch's count: they add up
-                loss_parts[k] = loss_parts.get(k, 0.0) + v
-            tokens.append(response_tokens(micro, logp))
+            for k, v in micro_parts.items():  # each part is divided by the minibatch's units: they add up
+                parts[k] = parts.get(k, 0.0) + v
+            logp[rows, :micro_logp.shape[1]] = micro_logp.detach().to(logp.device)
         if gap is not None:
-            loss_parts["acr_grad_gap"] = gap.relative()  # ||g_ACR - g_TIS|| / ||g_TIS||, before clipping
+            parts["acr_grad_gap"] = gap.relative()  # ||g_ACR - g_TIS|| / ||g_TIS||, before clipping
         grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
         if self.critic is not None:
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), cfg.max_grad_norm)
@@ -106,39 +113,28 @@ class Updater:
         for name, opt in self.optimizers.items():
             opt.step()
             self.schedulers[name].step()
-        stats = policy_stats(*(torch.cat(column) for column in zip(*tokens)), objective=cfg.objective,
-                             clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap)
-        return {**stats, **loss_parts, "grad_norm": grad_norm.item()}
+        stats = policy_stats(logp, minibatch.prox_logp, minibatch.behav_logp, minibatch.advantages, mask,
+                             objective=cfg.objective, **self.clip)
+        return {**stats, **parts, "grad_norm": grad_norm.item()}
 
-    def _micro_loss(self, micro: Experience, groups: list[int] | None, over: dict):
-        """One micro-batch's part of the minibatch loss: the policy objective (+ k3 KL to the reference,
-        + PPO's value loss), each divided by the minibatch's units in `over`; the parts' values; its log-probs.
-        groups: the sizes of its packed rows (--shared-prompt), or None (each row on its own)."""
-        cfg, seq, m = self.cfg, micro.sequences, micro.mask
-        with autocast_context(seq.input_ids.device.type):
-            logp = sequence_logprobs(self.actor, seq, cfg.temperature, groups)
-            values = self.critic.values(seq, groups) if self.critic is not None else None
-        loss, _ = policy_loss(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
-                              objective=cfg.objective, clip_low=cfg.clip_low, clip_high=cfg.clip_high,
-                              tis_cap=cfg.tis_cap, agg=cfg.loss_agg, over=over["policy"])
+    def _micro_loss(self, micro: Experience, logp, values, units: dict):
+        """One micro-batch's part of the minibatch loss, and its terms' values: each term is the micro-batch's sum
+        (loss.aggregate_sum) divided by the whole minibatch's `units`, so the parts add up to the minibatch's."""
+        cfg, m = self.cfg, micro.mask
+        objective = policy_objective(logp, micro.prox_logp, micro.behav_logp, micro.advantages, m,
+                                     objective=cfg.objective, **self.clip)
+        loss = -(aggregate_sum(objective, m, cfg.loss_agg) / units["policy"])  # Eq. 1/3/4/5/9
         parts = {"policy_loss": loss.item()}
-        if self.reference is not None:
+        if self.reference is not None:  # Eq. 1's beta * KL(pi_theta || pi_ref), in the policy term's average
             # padding: pi_ref := pi_theta, so the k3 term is exactly 0 there (ref_logp may be 0 there,
             # and exp(0 - logp) can overflow to inf, which the mask's 0 would turn into NaN)
-            kl = masked_mean(kl_k3(logp, torch.where(m > 0, micro.ref_logp, logp.detach())), m, over=over["tokens"])
+            kl_per_token = kl_k3(logp, torch.where(m > 0, micro.ref_logp, logp.detach()))
+            kl = aggregate_sum(kl_per_token, m, cfg.loss_agg) / units["policy"]
             loss = loss + cfg.kl_coef * kl
             parts["kl_ref"] = kl.item()
-        if values is not None:
-            v_loss = value_loss(values, micro.old_values, micro.returns, m, cfg.value_clip, over=over["tokens"])
+        if values is not None:  # PPO's clipped value loss, a token mean
+            v_loss = aggregate_sum(value_loss(values, micro.old_values, micro.returns, cfg.value_clip), m,
+                                   "token-mean") / units["tokens"]
             loss = loss + v_loss
             parts["value_loss"] = v_loss.item()
-        return loss, parts, logp
-
-
-def response_tokens(micro: Experience, logp: torch.Tensor) -> list[torch.Tensor]:
-    """What `loss.policy_stats` reads of a micro-batch, on its response tokens only (CPU): pi_theta, pi_prox and
-    pi_behav log-probs, advantages, and each token's sequence's log-ratio sum and length."""
-    present = (micro.mask > 0).cpu()
-    seq = sequence_ratio(torch.exp(micro.prox_logp - micro.behav_logp), micro.mask)
-    return [t.detach().cpu()[present] for t in
-            (logp, micro.prox_logp, micro.behav_logp, micro.advantages, seq.log_sum, seq.length)]
+        return loss, parts

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from qurl_mini.acr_gap import AcrTisGap
-from qurl_mini.loss import policy_loss
+from qurl_mini.loss import aggregation_units, policy_loss
 
 ARGS = dict(clip_low=0.2, clip_high=0.2, tis_cap=2.0)
 
@@ -24,8 +24,8 @@ def _tokens():
 
 def _grad(objective, rows=None):
     theta, micro = _tokens()
-    loss, _ = policy_loss(theta, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask,
-                          objective=objective, agg="token-mean", **ARGS)
+    loss = policy_loss(theta, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask,
+                       objective=objective, agg="token-mean", **ARGS)
     loss.backward()
     return theta.grad.clone()
 
@@ -39,9 +39,9 @@ def test_gap_equals_two_separate_gradients(objective):
 
     theta, micro = _tokens()
     gap = AcrTisGap(torch.nn.ParameterList([theta]), objective)
-    loss, _ = policy_loss(theta, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask,
-                          objective=objective, agg="token-mean", **ARGS)
-    gap.add(theta, micro, agg="token-mean", over=None, **ARGS)
+    loss = policy_loss(theta, micro.prox_logp, micro.behav_logp, micro.advantages, micro.mask,
+                       objective=objective, agg="token-mean", **ARGS)
+    gap.add(theta, micro, agg="token-mean", units=aggregation_units(micro.mask, "token-mean"), **ARGS)
     loss.backward()
     assert gap.relative() == pytest.approx(expected.item(), rel=1e-6)
     assert math.isfinite(gap.relative()) and gap.relative() > 0.5  # the rescued token dominates here
@@ -51,7 +51,7 @@ def test_no_rescued_token_no_gap_and_no_extra_backward():
     theta, micro = _tokens()
     micro.advantages = torch.tensor([[-1.0, 1.0, -1.0]])  # the rho = 5 token now has A < 0: nothing to rescue
     gap = AcrTisGap(torch.nn.ParameterList([theta]), "acr")
-    gap.add(theta, micro, agg="token-mean", over=None, **ARGS)
+    gap.add(theta, micro, agg="token-mean", units=aggregation_units(micro.mask, "token-mean"), **ARGS)
     assert gap.diff is None and gap.relative() == 0.0
 
 

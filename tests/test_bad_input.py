@@ -179,13 +179,12 @@ def test_nan_loss_skips_updates_counts_them_and_stops_after_max_bad_steps(tmp_pa
 
     import qurl_mini.update as update
 
-    real = update.policy_loss
+    real = update.policy_objective
 
     def nan_loss(*args, **kwargs):
-        loss, stats = real(*args, **kwargs)
-        return loss * torch.tensor(float("nan")), stats
+        return real(*args, **kwargs) * torch.tensor(float("nan"))
 
-    monkeypatch.setattr(update, "policy_loss", nan_loss)
+    monkeypatch.setattr(update, "policy_objective", nan_loss)
     code, err = run_train(["--model", tiny, "--data", data_file, "--out-dir", str(tmp_path), "--run-name", "nan",
                            "--steps", "5", "--max-bad-steps", "2", "--prompts-per-step", "4", "--eval-every", "0",
                            "--eval-size", "4", "--save-every", "1", "--max-new-tokens", "8"], capfd)

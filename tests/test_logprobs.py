@@ -88,3 +88,39 @@ def test_only_the_response_positions_get_the_lm_head_and_equal_the_full_computat
     g_part = torch.autograd.grad((token_logprobs(model, ids, attention, only=only) * only).sum(), head.weight)[0]
     g_full = torch.autograd.grad((token_logprobs(model, ids, attention) * only).sum(), head.weight)[0]
     assert torch.allclose(g_part, g_full, atol=1e-5)
+
+
+def test_the_picture_of_a_plain_row_is_what_pack_sequences_makes():
+    """batch.pack_sequences' docstring draws one row: prompt p0 p1 p2, response a0 a1, one padding column (the other
+    row is a token longer); its target row and response_mask row are read back and checked here."""
+    from qurl_mini.batch import pack_sequences
+
+    names = {"p0": 10, "p1": 11, "p2": 12, "a0": 20, "a1": 21, "pad": 0}
+    seq = pack_sequences([[10, 11, 12], [10, 11, 12]], [[20, 21], [30, 31, 32]], pad_id=0)
+    drawn = {}
+    for line in pack_sequences.__doc__.splitlines():
+        cells = line.split()
+        if cells and cells[0] in ("input_ids", "attention_mask", "target", "response_mask"):
+            values = []
+            for c in cells[1:]:  # the drawn columns, up to the words beside them
+                if not (c in names or c.isdigit()):
+                    break
+                values.append(int(names.get(c, c)))
+            drawn[cells[0]] = values
+    assert drawn["input_ids"] == seq.input_ids[0].tolist() == [10, 11, 12, 20, 21, 0]
+    assert drawn["attention_mask"] == seq.attention_mask[0].tolist() == [1, 1, 1, 1, 1, 0]
+    assert drawn["target"] == seq.input_ids[0, 1:].tolist()  # column t's target is input_ids[t + 1]
+    assert drawn["response_mask"] == seq.response_mask[0].int().tolist() == [0, 0, 1, 1, 0]
+
+
+def test_the_logit_at_t_scores_the_token_at_t_plus_1():
+    from transformers import Qwen2ForCausalLM
+
+    torch.manual_seed(2)
+    model = Qwen2ForCausalLM(tiny_qwen2_config(build_char_tokenizer(), layers=1, hidden=32, heads=2, kv_heads=1))
+    ids = torch.randint(3, 60, (1, 6))
+    with torch.no_grad():
+        logp = token_logprobs(model, ids, torch.ones_like(ids), temperature=0.7)
+        logits = model(input_ids=ids).logits[0] / 0.7
+    for t in range(5):
+        assert logp[0, t].item() == pytest.approx(logits[t].log_softmax(-1)[ids[0, t + 1]].item(), abs=1e-5)

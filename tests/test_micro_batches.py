@@ -10,7 +10,7 @@ from qurl_mini.actor import (Critic, batched_logprobs, batched_values, enable_gr
 from qurl_mini.batch import Experience, align_per_token, micro_batch_slices, pack_sequences
 from qurl_mini.config import Config
 from qurl_mini.embedded import build_tiny_model
-from qurl_mini.loss import AGGREGATIONS, kl_k3, masked_mean, policy_loss, value_loss
+from qurl_mini.loss import AGGREGATIONS, aggregate, kl_k3, masked_mean, policy_loss, value_loss
 
 SHAPE = dict(layers=2, hidden=64, heads=2, kv_heads=1)
 
@@ -73,21 +73,23 @@ def _assert_same(got, expected, what):
 
 
 def _full_batch_loss(updater, exp):
-    """The minibatch loss written out once, on the whole untrimmed batch."""
+    """The minibatch loss written out once, on the whole untrimmed batch: Eq. 1's KL term in the policy term's
+    --loss-agg average, PPO's value loss a token mean."""
     cfg, seq, m = updater.cfg, exp.sequences, exp.mask
     logp = token_logprobs(updater.actor, seq.input_ids, seq.attention_mask, cfg.temperature)
-    loss, _ = policy_loss(logp, exp.prox_logp, exp.behav_logp, exp.advantages, m, objective=cfg.objective,
-                          clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
-    kl = masked_mean(kl_k3(logp, exp.ref_logp), m)
+    loss = policy_loss(logp, exp.prox_logp, exp.behav_logp, exp.advantages, m, objective=cfg.objective,
+                       clip_low=cfg.clip_low, clip_high=cfg.clip_high, tis_cap=cfg.tis_cap, agg=cfg.loss_agg)
+    kl = aggregate(kl_k3(logp, exp.ref_logp), m, cfg.loss_agg)
     values = updater.critic(seq.input_ids, seq.attention_mask)
-    return loss, loss + cfg.kl_coef * kl + value_loss(values, exp.old_values, exp.returns, m, cfg.value_clip)
+    return loss, kl, loss + cfg.kl_coef * kl + masked_mean(value_loss(values, exp.old_values, exp.returns,
+                                                                      cfg.value_clip), m)
 
 
 def test_token_budget_slices_respect_the_budget_and_cover_every_row_once_in_order():
     _, _, seq = _sequences()
     lengths = seq.attention_mask.sum(-1).tolist()
     for budget in (1, 20, 40, 64, 10_000):
-        slices = micro_batch_slices(seq.attention_mask, 4, budget)
+        slices = micro_batch_slices(seq, 4, budget)
         rows = [i for s in slices for i in range(len(seq))[s]]
         assert rows == list(range(len(seq)))  # every row once, in the given order
         for s in slices:
@@ -96,15 +98,15 @@ def test_token_budget_slices_respect_the_budget_and_cover_every_row_once_in_orde
         if budget >= sum(lengths) and budget >= len(seq) * max(lengths):
             assert len(slices) == 1
     # greedy: a micro-batch closes only when the next row would not fit
-    for s, nxt in zip(slices := micro_batch_slices(seq.attention_mask, 4, 40), slices[1:]):
+    for s, nxt in zip(slices := micro_batch_slices(seq, 4, 40), slices[1:]):
         assert (s.stop - s.start + 1) * max(lengths[s.start:nxt.start + 1]) > 40
-    assert [s.stop - s.start for s in micro_batch_slices(seq.attention_mask, 4)] == [4, 4, 1]  # by rows, as before
+    assert [s.stop - s.start for s in micro_batch_slices(seq, 4)] == [4, 4, 1]  # by rows, as before
 
 
 def test_micro_batches_by_tokens_trim_only_padding_and_keeps_per_token_tensors_aligned(models):
     actor = load_actor(models[0])[0]
     exp = _experience(actor, actor, Critic(actor))
-    micros = exp.micro_batches(len(exp), 40)
+    micros = [exp[rows].trimmed() for rows in micro_batch_slices(exp.sequences, len(exp), 40)]
     assert sum(map(len, micros)) == len(exp) and len(micros) > 2
     start = 0
     for micro in micros:
@@ -136,7 +138,7 @@ def test_token_budget_logprobs_equal_the_full_batch_on_every_real_position(model
 def test_token_budget_micro_batches_give_the_full_batch_gradient(models, loss_agg):
     whole = _updater(models, loss_agg=loss_agg)
     exp = _experience(whole.actor, whole.reference, whole.critic, max_tokens=40)
-    policy, loss = _full_batch_loss(whole, exp)
+    policy, kl, loss = _full_batch_loss(whole, exp)
     loss.backward()
     expected = _grads(whole)
     assert len(expected) > 20 and all(g.abs().sum() > 0 for g in expected.values())
@@ -148,6 +150,7 @@ def test_token_budget_micro_batches_give_the_full_batch_gradient(models, loss_ag
         for name in expected:
             _assert_same(got[name], expected[name], f"{flags} {name}")
         assert stats["policy_loss"] == pytest.approx(policy.item(), rel=1e-5, abs=1e-7)
+        assert stats["kl_ref"] == pytest.approx(kl.item(), rel=1e-5, abs=1e-9)
 
 
 def test_gradient_checkpointing_gives_the_same_loss_and_gradient(models):

@@ -4,14 +4,15 @@ On a step's kind of rows: prompts of different lengths (the chat template and th
 length 1, ending in EOS (= pad on SmolLM2), truncated at --max-new-tokens, groups of 1 and of 8. Log-probs agree
 to 1e-5 nats per token (float32; the mean |gap| over tokens, the largest gap within 5e-5: on SmolLM2's 30 layers
 the unshared rows themselves move by up to 1.5e-5 when run in a batch or alone, measured on an AMD EPYC, AVX2),
-gradients of the trainer's own loss to 1e-4 relative, PPO's values to 1e-5.
+gradients of the trainer's own loss to 1e-4 relative, PPO's values to 1e-6 of the largest.
 """
 import random
 
 import pytest
 import torch
 
-from qurl_mini.actor import Critic, batched_logprobs, load_actor, sequence_logprobs
+from qurl_mini.actor import (Critic, batched_logprobs, batched_values, load_actor, shared_prompt_logprobs,
+                             shared_prompt_values, token_logprobs)
 from qurl_mini.batch import Experience, pack_sequences
 from qurl_mini.config import Config
 from qurl_mini.data import synthetic_splits
@@ -85,54 +86,62 @@ def assert_same_logprobs(a, b, mask):
 def test_shared_logprobs_equal_the_unshared_ones(name, fmt, request):
     model, tokenizer = request.getfixturevalue(name)
     seq = step_rows(tokenizer, fmt)
-    with torch.no_grad():
-        unshared = sequence_logprobs(model, seq)
-        shared = sequence_logprobs(model, seq, groups=prompt_groups(seq))
+    args = (seq.input_ids, seq.attention_mask, 1.0)
+    with torch.no_grad():  # the same inputs and outputs: one swapped for the other
+        unshared = token_logprobs(model, *args, only=seq.response_mask)
+        shared = shared_prompt_logprobs(model, *args, only=seq.response_mask)
     mask = seq.response_mask > 0
     assert shared.shape == unshared.shape and torch.equal(shared != 0, mask)  # the same layout, 0 off the responses
     assert_same_logprobs(shared, unshared, mask)
     # the micro-batch plan (sub-rows of a group cut by tokens) changes nothing either
     for max_rows, max_tokens in ((3, None), (64, 60)):
-        with torch.no_grad():
-            planned = batched_logprobs(model, seq, max_rows, 1.0, max_tokens, shared=True)
+        planned = batched_logprobs(model, seq, max_rows, 1.0, max_tokens, shared=True)
+        assert_same_logprobs(planned, batched_logprobs(model, seq, max_rows, 1.0, max_tokens), mask)
         assert_same_logprobs(planned, unshared, mask)
 
 
 @pytest.mark.parametrize("name,fmt", MODELS)
 def test_the_updates_gradient_is_the_same_shared_or_not(name, fmt, request):
-    """The trainer's own minibatch loss (ACR with a KL term, via Updater._micro_loss), both ways."""
+    """The trainer's own minibatch step (ACR with a KL term, Updater._minibatch_step, lr 0), both ways: the same
+    gradient, loss terms and statistics."""
     model, tokenizer = request.getfixturevalue(name)
     seq = step_rows(tokenizer, fmt)
     torch.manual_seed(1)
-    with torch.no_grad():
-        prox = sequence_logprobs(model, seq)
+    prox = batched_logprobs(model, seq, 64, 1.0)
     mask = seq.response_mask
     experience = Experience(seq, prox_logp=prox, behav_logp=prox + 0.1 * torch.randn(prox.shape) * mask,
                             advantages=torch.randn(len(seq), 1) * mask, ref_logp=prox - 0.05 * mask)
-    grads = {}
+    grads, stats = {}, {}
     for shared in (False, True):
-        updater = Updater(Config(objective="acr", kl_coef=0.01, shared_prompt=shared), model, reference=model)
-        plan = packed_micro_batches(seq, 64) if shared else [(slice(0, len(seq)), None)]
-        model.zero_grad(set_to_none=True)
-        over = {"policy": torch.tensor(float(len(seq))), "tokens": mask.sum()}
-        for rows, groups in plan:
-            loss, _, _ = updater._micro_loss(experience[rows].trimmed(), groups, over)
-            loss.backward()
+        updater = Updater(Config(objective="acr", kl_coef=0.01, shared_prompt=shared, micro_batch_size=5,
+                                 max_grad_norm=1e9), model,
+                          reference=model)
+        updater.optimizers = {"actor": torch.optim.SGD(model.parameters(), lr=0.0)}
+        updater.schedulers = {"actor": torch.optim.lr_scheduler.LambdaLR(updater.optimizers["actor"], lambda s: 1.0)}
+        stats[shared] = updater._minibatch_step(experience)
         grads[shared] = [p.grad.clone() for p in model.parameters()]
     model.zero_grad(set_to_none=True)
     worst = max(((a - b).norm() / a.norm()).item() for a, b in zip(grads[False], grads[True]) if a.norm() > 0)
     assert worst <= 1e-4
+    assert stats[True].keys() == stats[False].keys()
+    for key, value in stats[False].items():
+        assert stats[True][key] == pytest.approx(value, rel=1e-3, abs=1e-5), key
 
 
 def test_ppo_values_are_the_same_at_the_response_positions(embedded):
     model, tokenizer = embedded
     seq = step_rows(tokenizer, "plain")
     critic = Critic(model)
-    torch.nn.init.normal_(critic.value_head.weight)
+    torch.manual_seed(0)
+    torch.nn.init.normal_(critic.value_head.weight)  # values up to ~13 here
+    args = (seq.input_ids, seq.attention_mask)
     with torch.no_grad():
-        unshared, shared = critic.values(seq), critic.values(seq, prompt_groups(seq))
+        unshared, shared = critic(*args), shared_prompt_values(critic, *args, only=seq.response_mask)
     mask = seq.response_mask > 0
-    assert (shared - unshared)[mask].abs().max().item() <= 1e-5
+    largest = unshared[mask].abs().max().item()  # float32 rounding: within 1e-6 of the largest value
+    assert (shared - unshared)[mask].abs().max().item() <= 1e-6 * largest
+    planned = batched_values(critic, seq, 3, shared=True)
+    assert (planned - unshared)[mask].abs().max().item() <= 1e-6 * largest
 
 
 def test_the_packed_row_and_mask_of_a_two_response_group():
@@ -153,7 +162,17 @@ def test_a_group_is_split_into_sub_rows_where_it_would_exceed_the_token_budget()
     seq = pack_sequences([[1] * 10] * 4, [[2] * 5, [2] * 6, [2] * 7, [2] * 8], pad_id=0)
     assert split_groups(seq, [4], max_rows=64, max_tokens=21) == [2, 1, 1]  # 10+5+6 | 10+7 | 10+8
     assert split_groups(seq, [4], max_rows=3) == [3, 1]
-    assert [groups for _, groups in packed_micro_batches(seq, 64, 21)] == [[2], [1], [1]]
+    assert packed_micro_batches(seq, 64, 21) == [slice(0, 2), slice(2, 3), slice(3, 4)]
+
+
+@pytest.mark.parametrize("max_rows,max_tokens", [(3, None), (64, 60), (64, 25), (2, None), (64, 1)])
+def test_a_micro_batchs_own_prompt_groups_are_the_plans_packed_rows(embedded, max_rows, max_tokens):
+    """shared_prompt_logprobs takes a micro-batch's rows alone and packs `prompt_groups` of them: the plan's
+    sub-rows, as two sub-rows of one group never share a micro-batch."""
+    seq = step_rows(embedded[1], "plain")
+    pieces = split_groups(seq, prompt_groups(seq), max_rows, max_tokens)
+    plan = packed_micro_batches(seq, max_rows, max_tokens)
+    assert [size for rows in plan for size in prompt_groups(seq[rows].trimmed())] == pieces
 
 
 def test_minibatches_shuffle_groups_and_keep_their_sizes():

@@ -204,10 +204,11 @@ def verl_ppo_loss(config, logp, prox, A, mask, weights, rows, *, batch_num_token
 
 
 def qurl_mini_loss(objective, logp, prox, behav, A, mask, agg="token-mean"):
-    from qurl_mini.loss import policy_loss
+    from qurl_mini.loss import policy_loss, policy_stats
 
-    loss, stats = policy_loss(logp, prox, behav, A, mask, objective=objective, clip_low=EPS_LOW, clip_high=EPS_HIGH,
-                              tis_cap=C, agg=agg)
+    objective = dict(objective=objective, clip_low=EPS_LOW, clip_high=EPS_HIGH, tis_cap=C)
+    loss, stats = policy_loss(logp, prox, behav, A, mask, agg=agg, **objective), policy_stats(logp, prox, behav, A,
+                                                                                             mask, **objective)
     grad, = torch.autograd.grad(loss, logp)
     return loss.item(), grad, stats
 
