@@ -21,7 +21,7 @@ This notebook takes one step of qurl-mini's loop by hand, on the embedded model 
 arithmetic task. The rollout comes from an **INT8 W8A8 vLLM copy** of the policy. The log-probs and the
 gradient come from the **full-precision HF actor**. Each heading names the library function that
 `Trainer.step` ([`qurl_mini/trainer.py`](../qurl_mini/trainer.py)) calls for that phase. The code cells
-call those functions and copy none of them.
+call those functions; what they compute beside them (ratios to print, the plots) is for display.
 
 It runs on a CPU in about a minute. The embedded warm start ships with the repository (the same bytes on
 every machine); the first run unpacks it into `.cache/`, shared with `make demo` and the tests.
@@ -34,7 +34,8 @@ Three policies score every sampled token:
 | pi_prox | the full-precision actor before the update | `prox_logp` |
 | pi_theta | the actor being updated | `logp` |
 
-With R = pi_theta / pi_prox, R_hat = pi_theta / pi_behav and rho = pi_prox / pi_behav.
+With R = pi_theta / pi_prox, R_hat = pi_theta / pi_behav and rho = pi_prox / pi_behav. Every symbol of
+the paper and its name in the code: [docs/symbols.md](../docs/symbols.md).
 """),
     ("code", r"""
 import copy
@@ -125,8 +126,10 @@ print("groups DAPO would keep:", informative_groups(rewards, G).tolist())
     ("md", r"""
 ## 3. The actor's log-probs: `actor.token_logprobs` gives pi_prox
 
-The sampled rows are packed (prompt + response, right-padded; `batch.pack_sequences`) and the fp32 actor
-scores every response token: log pi_prox. The engine's log-probs are laid out the same way
+The sampled rows are packed (prompt + response, right-padded; `batch.pack_sequences`, whose docstring draws
+which position's logit scores which token) and the fp32 actor scores every response token at the rollout's
+temperature: log pi_prox. GRPO's advantage goes to every response token (`ADVANTAGE_ESTIMATORS`, as
+`Trainer.step` calls it). The engine's log-probs are laid out the same way
 (`batch.align_per_token`). rho = pi_prox / pi_behav is how much more (or less) likely the
 full-precision policy finds a token than the INT8 sampler did. `loss.sampler_mismatch` sums that gap up
 over the step's tokens. KL(behav‖prox) is estimated two ways:
@@ -137,6 +140,7 @@ The trainer logs both (`kl_behav_prox`, `kl_behav_prox_k3`), and `curves.png` dr
 """),
     ("code", r"""
 from qurl_mini.actor import token_logprobs
+from qurl_mini.advantages import ADVANTAGE_ESTIMATORS
 from qurl_mini.batch import align_per_token, pack_sequences
 from qurl_mini.loss import sampler_mismatch
 
@@ -145,9 +149,9 @@ seq = pack_sequences(prompt_ids, [r.response_ids for r in rollouts], tokenizer.p
 mask = seq.response_mask  # 1 where the target token is a response token
 behav_logp = align_per_token([r.behav_logprobs for r in rollouts], prompt_ids, seq.input_ids.shape[1])
 with torch.no_grad():
-    prox_logp = token_logprobs(actor, seq.input_ids, seq.attention_mask)
+    prox_logp = token_logprobs(actor, seq.input_ids, seq.attention_mask, cfg.temperature, only=mask)
 rho = torch.exp(prox_logp - behav_logp)
-A = advantages[:, None] * mask  # per token
+A, _ = ADVANTAGE_ESTIMATORS["group"](rewards, mask, None, cfg)  # per token: the group's advantage on each
 
 row = 0
 at = mask[row].bool()
@@ -161,8 +165,8 @@ print(pd.DataFrame({"token": [tokenizer.decode([t]) for t in seq.input_ids[row, 
 ## 4. The objectives on the same tokens: `loss.policy_loss`
 
 Every objective is one weighted PPO surrogate, weight * min(ratio * A, clip(ratio, low, high) * A), and
-`loss.OBJECTIVE_FNS` maps `--objective` to the function that picks the pieces (`loss.py`, one function
-per equation):
+`loss.POLICY_OBJECTIVES` maps `--objective` to the function that picks the pieces (`loss.py`, one function
+per equation). The paper's five (the field's four corrections sit beside them in the same table):
 
 | `--objective` | equation | weight | ratio | upper bound |
 |---|---|---|---|---|
@@ -183,26 +187,26 @@ branch: A > 0 and the ratio above the upper bound, or A < 0 and the ratio below 
 gradient is then zero.
 """),
     ("code", r"""
-from qurl_mini.loss import OBJECTIVE_FNS, policy_loss
+from qurl_mini.loss import POLICY_OBJECTIVES, policy_loss
 
 EPS, C = 0.2, cfg.tis_cap
 settings = dict(clip_low=EPS, clip_high=EPS, tis_cap=C, agg="seq-mean-token-mean")
 policy = copy.deepcopy(actor)  # pi_theta
 optimizer = torch.optim.AdamW(policy.parameters(), lr=1e-3, weight_decay=0.0)
 for _ in range(4):
-    loss, _ = policy_loss(token_logprobs(policy, seq.input_ids, seq.attention_mask), prox_logp, behav_logp,
-                          A, mask, objective="acr", **settings)
+    loss = policy_loss(token_logprobs(policy, seq.input_ids, seq.attention_mask, cfg.temperature, only=mask),
+                       prox_logp, behav_logp, A, mask, objective="acr", **settings)
     optimizer.zero_grad()
     loss.backward()
     optimizer.step()
 with torch.no_grad():
-    logp = token_logprobs(policy, seq.input_ids, seq.attention_mask)
+    logp = token_logprobs(policy, seq.input_ids, seq.attention_mask, cfg.temperature, only=mask)
 R, R_hat = torch.exp(logp - prox_logp), torch.exp(logp - behav_logp)
 
 table = {}
-for name, objective in OBJECTIVE_FNS.items():
-    loss, stats = policy_loss(logp, prox_logp, behav_logp, A, mask, objective=name, **settings)
-    surrogate = objective(R, R_hat, rho, EPS, EPS, C)
+for name in ("ppo", "naive", "decoupled", "tis", "acr"):
+    loss = policy_loss(logp, prox_logp, behav_logp, A, mask, objective=name, **settings)
+    surrogate = POLICY_OBJECTIVES[name](R, R_hat, rho, EPS, EPS, C)
     above = (surrogate.clipped_above(A) & (mask > 0)).nonzero().tolist()
     below = (surrogate.clipped_below(A) & (mask > 0)).nonzero().tolist()
     table[name] = {"objective value": round(-loss.item(), 5), "clipped above": len(above),
@@ -228,22 +232,70 @@ where that bites: the truncated term is min(rho, C) R A = rho (r R) A, Eq. 4's t
 TIS still clips R at 1 + eps, which clips r R at r (1 + eps): where r < 1 the clip range shrinks by r. ACR
 (Eq. 9) keeps TIS's weight and clips R at (1 + eps) / r instead, so r R is clipped at 1 + eps again; that
 bound grows in proportion to rho / C. So
-tokens with A > 0 that TIS would clip keep their gradient. Where rho <= C, r = 1 and ACR is TIS. Below
-are both upper bounds against rho, and the rho of every response token sampled above.
+tokens with A > 0 that TIS would clip keep their gradient. Where rho <= C, r = 1 and ACR is TIS.
+
+By hand, with eps = 0.2 and C = 2: a token with rho = 5 has r = 2 / 5 = 0.4, weight min(5, 2) = 2, and ACR's
+upper bound 1.2 / 0.4 = 3.0. If R = 1.5 and A = +1, TIS clips it at 1.2 (no gradient) while ACR passes it with
+weight 2: its gradient with respect to log pi_theta is weight * R * A = 2 * 1.5 * 1 = 3. At rho = 1e5, the largest
+the paper saw (Fig. 3b), the bound is 1.2 * 1e5 / 2 = 6e4. `loss.py` gives the same numbers:
 """),
     ("code", r"""
-from qurl_mini.loss import objective_acr, objective_tis
+import math
 
-grid = torch.logspace(-0.3, 1.0, 200)
+from qurl_mini.loss import objective_acr, policy_objective
+
+
+def on_one_token(objective, rho_value, R_value, A_value):
+    # loss.py's weight, upper bound and d(objective)/d(log pi_theta) on one token; pi_prox = e^-1, the rest from it
+    prox = torch.tensor([[-1.0]])
+    logp = (prox + math.log(R_value)).requires_grad_(True)
+    args = dict(objective=objective, clip_low=EPS, clip_high=EPS, tis_cap=C)
+    value = policy_objective(logp, prox, prox - math.log(rho_value), torch.tensor([[A_value]]), torch.ones(1, 1), **args)
+    surrogate = POLICY_OBJECTIVES[objective](torch.tensor(R_value), None, torch.tensor(rho_value), EPS, EPS, C)
+    return {"weight": float(surrogate.weight), "upper bound on R": float(surrogate.high),
+            "d objective / d log pi_theta": torch.autograd.grad(value.sum(), logp)[0].item()}
+
+
+print("rho = 5, R = 1.5, A = +1:")
+print(pd.DataFrame({name: on_one_token(name, 5.0, 1.5, +1.0) for name in ("tis", "acr")}).T.to_string())
+far = objective_acr(torch.ones(1), None, torch.tensor([1e5]), EPS, EPS, C).high.item()
+print(f"rho = 1e5: ACR's upper bound (1 + eps) / r = {far:.4g}")
+"""),
+    ("md", r"""
+A live token: of this batch's response tokens with A > 0 (the sign where ACR's bound matters), the one with the
+largest rho. If its rho is not above C (INT8 on this model keeps rho near 1), we construct one from it, as if the
+INT8 sampler had given it a fifth of pi_prox (rho = 5). Its A is its own, and R is the four-step policy's of
+section 4.
+"""),
+    ("code", r"""
+i, t = divmod((rho * mask * (A > 0)).flatten().argmax().item(), rho.shape[1])
+live_rho, constructed = rho[i, t].item(), rho[i, t].item() <= C
+if constructed:
+    live_rho = 5.0  # pi_behav := pi_prox / 5
+R_live, A_live = R[i, t].item(), A[i, t].item()
+print(f"token {tokenizer.decode([seq.input_ids[i, t + 1].item()])!r} of row {i}: pi_prox {prox_logp[i, t].exp():.4f}, "
+      f"sampled rho {rho[i, t]:.4f}" + (f" -> constructed rho {live_rho}" if constructed else "")
+      + f"; A = {A_live:+.3f}, R = {R_live:.4f} after section 4's steps")
+print(pd.DataFrame({name: on_one_token(name, live_rho, R_live, A_live) for name in ("tis", "acr")}).T.to_string())
+"""),
+    ("md", r"""
+Below are both upper bounds against rho up to the paper's 1e5, with the worked token, the live one, and the
+rho of every response token sampled above.
+"""),
+    ("code", r"""
+grid = torch.logspace(-0.3, 5.0, 400)
 ones = torch.ones_like(grid)
-fig, ax = plt.subplots(figsize=(7, 3.2))
+fig, ax = plt.subplots(figsize=(7, 3.4))
 ax.plot(grid, objective_acr(ones, ones, grid, EPS, EPS, C).high, label="ACR upper bound (1 + eps) / r")
 ax.plot(grid, torch.full_like(grid, 1 + EPS), "--", label="TIS / PPO upper bound 1 + eps")
 ax.axvline(C, color="grey", lw=0.8)
-ax.text(C * 1.03, 3.5, "rho = C")
+ax.text(C * 1.1, 2e3, "rho = C")
+ax.plot([5, 1e5], [3.0, far], "o", color="tab:red", label="worked: rho = 5 -> 3.0; rho = 1e5 -> 6e4")
+ax.plot([live_rho], [objective_acr(ones[:1], ones[:1], torch.tensor([live_rho]), EPS, EPS, C).high.item()], "s",
+        color="tab:green", label="the live token" + (" (constructed)" if constructed else ""))
 live = rho[mask > 0]
 ax.plot(live, torch.full_like(live, 1.0), "|", color="black", ms=14, label=f"rho of the {live.numel()} sampled tokens")
-ax.set_xscale("log"), ax.set_xlabel("rho = pi_prox / pi_behav"), ax.set_ylabel("upper clip bound on R")
+ax.set_xscale("log"), ax.set_yscale("log"), ax.set_xlabel("rho = pi_prox / pi_behav"), ax.set_ylabel("upper clip bound on R")
 ax.legend(loc="upper left", fontsize=8)
 plt.show()
 print(f"rho of the sampled tokens: {live.min():.3f} .. {live.max():.3f}; above C = {C}: {int((live > C).sum())}")
@@ -293,8 +345,8 @@ def one_adamw_step(s, lr=1e-5):
     monitor = WeightUpdateMonitor()
     monitor.measure(model, engine_tensors(model, "int8")[1])
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0)
-    loss, _ = policy_loss(token_logprobs(model, seq.input_ids, seq.attention_mask), prox_logp, behav_logp, A, mask,
-                          objective="acr", **settings)
+    loss = policy_loss(token_logprobs(model, seq.input_ids, seq.attention_mask, cfg.temperature, only=mask),
+                       prox_logp, behav_logp, A, mask, objective="acr", **settings)
     loss.backward()
     optimizer.step()
     return monitor.measure(model, engine_tensors(model, "int8")[1])
@@ -362,7 +414,7 @@ print(f"mean |log-prob gap| between the engine and the updated actor on row {row
     ("md", r"""
 That was one step. `Trainer.step` runs these phases in this order for `--steps` steps, with minibatches,
 PPO epochs, the KL penalty, logging, checkpoints and the sync probe around them. `make demo` runs 40 of
-them in about two and a half minutes on a CPU. The [README](../README.md) maps each phase and equation to
+them in about two minutes on a 2-core CPU (the README gives the machine). The [README](../README.md) maps each phase and equation to
 its function, and [docs/](../docs/) covers the rest.
 """),
 ]
