@@ -228,7 +228,7 @@ def verdict(stats: dict, seeds=SEEDS) -> dict:
     binds = [r.get("rescued_steps") for r in acr["runs"]]
     if all(b is not None for b in binds):
         n_steps = f"{sum(binds)} step" + ("" if sum(binds) == 1 else "s")
-        lines.append(f"ACR's widened bound bound (its loss differed from TIS's) on {n_steps} over "
+        lines.append(f"ACR's widened bound took effect (its loss differed from TIS's) on {n_steps} over "
                      f"{len(binds)} seeds" + (": ACR computed TIS's gradients at every step, the two rows differ only "
                                              "by run-to-run noise." if sum(binds) == 0 else "."))
     return {"judged": True, "tis_drifts": tis_drifts, "acr_holds": acr_holds if tis_drifts else None,
