@@ -61,8 +61,8 @@ def logprob_gap(model_dir: str, out_dir: str, fmt: str, texts: list[str]) -> dic
     from qurl_mini.evaluate import free_engine
 
     engines = {}
-    out_format = fmt if FORMATS[fmt].vllm_kernel else "bf16"  # an emulated format is an unquantized checkpoint
-    for name, path, engine_format in (("bf16", model_dir, "bf16"), (fmt, out_dir, out_format)):
+    out_format = fmt if FORMATS[fmt].vllm_kernel else "unquantized"  # an emulated format: an unquantized checkpoint
+    for name, path, engine_format in (("bf16", model_dir, "unquantized"), (fmt, out_dir, out_format)):
         engine = RolloutEngine(path, engine_format=engine_format, platform=platform, seed=0,
                                max_model_len=2 ** max_len.bit_length())
         engines[name] = engine.prompt_logprobs(sequences)

@@ -59,10 +59,10 @@ class Platform:
                                    f"or bfloat16")
 
     def engine_format(self, quant_fmt: str) -> str:
-        """What the engine really runs: 'bf16' (unquantized, any dtype), 'int8', 'fp8', or an
+        """What the engine really runs: 'unquantized' (in its dtype: bf16 or float32), 'int8', 'fp8', or an
         '-emulated' format: weights rounded to the format's grid, run in an unquantized engine."""
         if quant_fmt == "none":
-            return "bf16"
+            return "unquantized"
         if not quant.FORMATS[quant_fmt].vllm_kernel or (quant_fmt == "fp8" and not self.fp8_kernel):
             return f"{quant_fmt}-emulated"
         return quant_fmt
@@ -144,7 +144,7 @@ class RolloutEngine:
             raise EngineError("VLLM_ENABLE_V1_MULTIPROCESSING must be 0: the weight sync needs the engine in this process")
         self.engine_format, self.platform, self.max_model_len = engine_format, platform, max_model_len
         fmt = engine_format.removesuffix("-emulated")
-        self.quant_group = quant.resolve_group(fmt, quant_group) if fmt != "bf16" else 0  # grid of emulated formats
+        self.quant_group = 0 if fmt == "unquantized" else quant.resolve_group(fmt, quant_group)  # emulated formats' grid
         self.dtype = platform.engine_dtype(dtype)
         platform.check_engine_dtype(engine_format, self.dtype)
         kwargs = llm_kwargs(model_dir, platform, dtype=self.dtype, seed=seed, max_model_len=max_model_len,
@@ -181,7 +181,7 @@ class RolloutEngine:
     @property
     def quantized(self) -> bool:
         """Whether this engine holds quantized weights (a real W8A8 format or an emulated one)."""
-        return self.engine_format != "bf16"
+        return self.engine_format != "unquantized"
 
     @property
     def model(self):
@@ -224,10 +224,10 @@ class RolloutEngine:
         (decoder projections on the format's grid, every other tensor rounded to the engine's dtype) and, for a
         real W8A8 kernel, its activations rounded per token. The arithmetic stays the actor's (fp32)."""
         fmt = self.engine_format.removesuffix("-emulated")
-        projections = set() if fmt == "bf16" else {f"{n}.weight" for n in quant.quant_target_names(actor)}
+        projections = set() if fmt == "unquantized" else {f"{n}.weight" for n in quant.quant_target_names(actor)}
         stack = contextlib.ExitStack()
         stack.enter_context(quant.rounded_weights(actor, getattr(torch, self.dtype), keep=projections))
-        if fmt != "bf16":
+        if fmt != "unquantized":
             stack.enter_context(quant.fake_quantized(actor, fmt, activations=not self.engine_format.endswith("-emulated"),
                                                      group=self.quant_group))
         return stack
@@ -295,7 +295,7 @@ class Synced:
 def engine_tensors(actor, engine_format: str, dtype=torch.bfloat16, group: int | None = None):
     """The actor's tensors as the engine loads them (unquantized ones as `dtype`), and
     {name: (codes, scale)} of the quantized ones (empty for an unquantized engine)."""
-    if engine_format == "bf16":
+    if engine_format == "unquantized":
         return [(n, t.detach().to(dtype)) for n, t in actor.state_dict().items()], {}
     if engine_format.endswith("-emulated"):
         return quant.quantized_state(actor, engine_format.removesuffix("-emulated"), dtype=dtype, emulate=True,

@@ -83,7 +83,7 @@ def quantize_weight(w: torch.Tensor, fmt: str, group: int | None = None):
 
 
 def dequantize(q: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    if scale.shape[-1] in (1, q.shape[-1]):  # per channel
+    if scale.shape[-1] in (1, q.shape[-1]):  # one scale per output channel [out, 1], or per element (broadcast)
         return q.float() * scale
     groups = scale.shape[-1]  # per group of columns
     return (q.float().view(*q.shape[:-1], groups, -1) * scale[..., None]).view(q.shape)
@@ -252,6 +252,3 @@ def save_quantized_checkpoint(model, tokenizer, out_dir: str, fmt: str, pairs=No
     if tokenizer is not None:
         tokenizer.save_pretrained(out_dir)
     return out_dir
-
-
-# ----- Appendix A statistics ------------------------------------------------------------------

@@ -165,6 +165,7 @@ def test_fp8_without_a_kernel_falls_back_to_emulation_with_a_warning(caplog):
     assert Platform(cuda=False, fp8_kernel=False).engine_format("fp8") == "fp8-emulated"
     assert Platform(cuda=True, fp8_kernel=True).engine_format("fp8") == "fp8"
     assert Platform(cuda=False, fp8_kernel=False).engine_format("int8") == "int8"
+    assert Platform(cuda=False, fp8_kernel=False).engine_format("none") == "unquantized"  # bf16 or float32
     with caplog.at_level(logging.WARNING, logger="qurl_mini"):
         assert Platform(cuda=False, fp8_kernel=False).resolve_format("int8") == "int8"
         assert not caplog.records  # nothing to say when the kernel exists

@@ -82,6 +82,6 @@ def test_a_float32_engine_with_a_w8a8_kernel_on_cuda_is_one_line():
         with pytest.raises(QuantError, match=f"--quant {fmt} with --engine-dtype float32: vLLM's W8A8 kernels on CUDA"):
             cuda.check_engine_dtype(fmt, "float32")
         cuda.check_engine_dtype(fmt, "bfloat16")
-    cuda.check_engine_dtype("bf16", "float32")  # an unquantized engine: any dtype
+    cuda.check_engine_dtype("unquantized", "float32")  # an unquantized engine: any dtype
     Platform(cuda=True, fp8_kernel=False).check_engine_dtype("fp8-emulated", "float32")  # emulated: unquantized
     Platform(cuda=False, fp8_kernel=False).check_engine_dtype("int8", "float32")  # oneDNN on a CPU takes fp32

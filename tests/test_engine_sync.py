@@ -45,7 +45,7 @@ def tiny_dir(tmp_path_factory):
 def test_bf16_sync_makes_engine_match_the_updated_actor(tiny_dir, dtype):
     """The unquantized engine, in either dtype (float32 is the fast one on CPUs without bf16 math)."""
     actor, tokenizer = load_actor(tiny_dir)
-    engine = RolloutEngine(tiny_dir, engine_format="bf16", platform=PLATFORM, seed=0, max_model_len=128, dtype=dtype)
+    engine = RolloutEngine(tiny_dir, engine_format="unquantized", platform=PLATFORM, seed=0, max_model_len=128, dtype=dtype)
     assert _max_gap(engine.prompt_logprobs([tokenizer.encode(t) for t in TEXTS]), _hf_logprobs(actor, tokenizer)) < 0.05
 
     _train_steps(actor, tokenizer, steps=5)

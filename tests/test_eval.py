@@ -216,7 +216,7 @@ def test_eval_run_folder_reports_avg1_avgk_passk_and_json(warm_start, hf_greedy,
     assert len(models) == 2
     for path, r in models.items():
         assert os.path.isdir(path)
-        assert r["engine_format"] == "bf16" and r["engine_dtype"] == "float32" and r["n_problems"] == n
+        assert r["engine_format"] == "unquantized" and r["engine_dtype"] == "float32" and r["n_problems"] == n
         assert abs(r["avg@1"] - hf_accuracy) <= 0.01, (path, r["avg@1"], hf_accuracy)
         assert 0 < r["avg@4"] <= r["pass@4"] <= 1
         assert r["pass@"]["1"] == pytest.approx(r["avg@4"])
