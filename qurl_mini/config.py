@@ -83,6 +83,9 @@ class Config:
     shared_prompt: bool = flag(True, "run each group's prompt once in the actor's log-probs and update: one row "
                                      "[prompt | r1 | ... | rG], each response attending the prompt and itself only "
                                      "(exact; docs/shared-prompt.md). --shared-prompt false: one row per response")
+    skip_zero_advantage: bool = flag(True, "in the update, run no forward/backward on rows whose advantages are all 0 "
+                                           "(a group whose responses all scored the same): their gradient is exactly "
+                                           "0. The loss still divides by them. Only without a KL term or critic")
     gradient_checkpointing: bool = flag(False, "recompute each decoder layer in the backward pass instead of keeping "
                                              "its activations (actor and critic; slower, far less memory)")
     clip_low: Optional[float] = flag(None, "PPO clip epsilon below 1 (default 0.2)")

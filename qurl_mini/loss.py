@@ -184,7 +184,7 @@ def policy_stats(logp, prox_logp, behav_logp, advantages, mask, *, objective, cl
     return surrogate_stats(surrogate, flat[3], rho, torch.ones_like(flat[0]), plain_high=1 + clip_high, tis_cap=tis_cap)
 
 
-COMBINE = {"rho_max": max, "skipped_updates": sum}  # over a step's minibatches: a max stays a max, the rest: means
+COMBINE = {"rho_max": max, "skipped_updates": sum, "skipped_minibatches": sum}  # over minibatches; others: means
 
 
 def combine_stats(per_minibatch: list[dict]) -> dict:

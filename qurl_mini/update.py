@@ -39,6 +39,9 @@ class Updater:
         self.schedulers = {name: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warmup))
                            for name, opt in self.optimizers.items()}
         self.bad_steps = 0  # steps in a row with a skipped (NaN/inf) minibatch
+        # a row whose advantages are all 0 adds exactly 0 to the gradient (A * anything = 0), unless a KL term or a
+        # critic gives it a loss of its own: then, and with --skip-zero-advantage false, every row runs
+        self.skip_zero_rows = cfg.skip_zero_advantage and reference is None and critic is None
 
     def restore(self, ckpt: str, state: dict) -> None:
         """A resumed run's optimizer, scheduler and RNG states (and the critic's weights)."""
@@ -79,12 +82,16 @@ class Updater:
         units = {"policy": aggregation_units(mask, cfg.loss_agg), "tokens": aggregation_units(mask, "token-mean")}
         for opt in self.optimizers.values():
             opt.zero_grad(set_to_none=True)
-        parts, logp = {}, torch.zeros_like(mask)  # logp: pi_theta on every token of the minibatch, for its statistics
+        # pi_theta on every token, for the statistics; a skipped row's tokens count at R = 1 (pi_theta := pi_prox)
+        parts, logp = {"policy_loss": 0.0}, minibatch.prox_logp.clone()  # a skipped row's loss is 0
+        carrying = (minibatch.advantages != 0).any(-1) if self.skip_zero_rows else torch.ones(len(minibatch), dtype=bool)
+        ran = carrying.nonzero().squeeze(-1)  # the rows run forward and backward
+        active = minibatch[ran]
         gap = AcrTisGap(self.actor, cfg.objective) if cfg.measure_acr_gap else None
         shared = cfg.shared_prompt  # the same numbers, each group's prompt run once (actor.shared_prompt_logprobs)
         plan = packed_micro_batches if shared else micro_batch_slices  # rows, or whole packed groups
-        for rows in plan(minibatch.sequences, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch):
-            micro = minibatch[rows].trimmed().to(device)
+        for rows in plan(active.sequences, cfg.micro_batch_size, cfg.max_tokens_per_micro_batch) if len(ran) else []:
+            micro = active[rows].trimmed().to(device)
             inputs, only = (micro.sequences.input_ids, micro.sequences.attention_mask), micro.mask
             with autocast_context(device.type):  # the forward
                 micro_logp = (shared_prompt_logprobs(self.actor, *inputs, cfg.temperature, only=only) if shared
@@ -101,7 +108,12 @@ class Updater:
             loss.backward()
             for k, v in micro_parts.items():  # each part is divided by the minibatch's units: they add up
                 parts[k] = parts.get(k, 0.0) + v
-            logp[rows, :micro_logp.shape[1]] = micro_logp.detach().to(logp.device)
+            logp[ran[rows], :micro_logp.shape[1]] = micro_logp.detach().to(logp.device)
+        if not len(ran):  # every row skipped: AdamW still steps (momentum), on the zero gradient the rows gave
+            for p in self.actor.parameters():
+                p.grad = torch.zeros_like(p)
+        parts.update(skipped_rows_frac=1 - len(ran) / len(minibatch), skipped_minibatches=int(not len(ran)),
+                     skipped_tokens_frac=1 - (mask[ran].sum() / mask.sum().clamp(min=1)).item())
         if gap is not None:
             parts["acr_grad_gap"] = gap.relative()  # ||g_ACR - g_TIS|| / ||g_TIS||, before clipping
         grad_norm = torch.nn.utils.clip_grad_norm_(self.actor.parameters(), cfg.max_grad_norm)
