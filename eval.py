@@ -67,6 +67,12 @@ class EvalConfig:
     enforce_eager: bool = _as_in_train("enforce_eager")
     cache_dir: str = _as_in_train("cache_dir")
     show: int = flag(3, "example responses to print (and save) per model")
+    token_page: Optional[str] = flag(None, "also write a token page (HTML) here: 4 responses to each of the first 8 "
+                                         "held-out problems, sampled by the (quantized) engine at --temperature and "
+                                         "scored by the full-precision model, coloured by rho = pi_prox / pi_behav; "
+                                         "train.py's tokens.html without training (docs/token-page.md)")
+    token_page_responses: int = _as_in_train("token_page_responses", help="responses per model on the --token-page "
+                                             "page (the largest |log rho| ones and a typical one)")
     out: Optional[str] = flag(None, "write the results as JSON here")
     verbose: bool = _as_in_train("verbose")
 
@@ -81,6 +87,16 @@ class EvalConfig:
         need(0 < self.top_p <= 1, f"--top-p must be in (0, 1], got {self.top_p}")
         if self.out:
             check_output_file(self.out, "--out")
+        if self.token_page:
+            check_output_file(self.token_page, "--token-page")
+            need(self.temperature > 0, "--token-page samples at --temperature: it must be > 0, got 0")
+            need(self.token_page_responses >= 1, f"--token-page-responses must be >= 1 with --token-page, got "
+                                                 f"{self.token_page_responses}")
+
+    def token_settings(self, model: str) -> Config:
+        """What the token page reads for one model: this engine and sampling, train.py's objectives (C, eps)."""
+        return Config(model=model, quant=self.quant, quant_group=self.quant_group, temperature=self.temperature,
+                      max_new_tokens=self.max_new_tokens, token_page_responses=self.token_page_responses)
 
 
 def parse_args(argv=None) -> tuple[EvalConfig, dict, bool]:
@@ -128,7 +144,8 @@ def check_models(cfg: EvalConfig, run_models: dict) -> None:
             check_model_dir(model)
         except ModelError as e:
             raise ConfigError(f"{e}{f' (named in --run {cfg.run}/summary.json)' if model in run_models else ''}") from None
-    check_outputs_apart({"--out": cfg.out}, {f"--model[{i}]": m for i, m in enumerate(cfg.model)})
+    check_outputs_apart({"--out": cfg.out, "--token-page": cfg.token_page},
+                        {f"--model[{i}]": m for i, m in enumerate(cfg.model)})
 
 
 def main(argv=None) -> int:
@@ -163,6 +180,12 @@ def main(argv=None) -> int:
     except OneLineError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    if cfg.token_page:
+        from qurl_mini.token_records import save_records_page
+
+        save_records_page([r.pop("token_page_record") for r in results.values()], cfg.token_page,
+                          f"eval.py: the {cfg.quant} sampler vs the full-precision model, token by token")
+        log.info("token page written to %s", cfg.token_page)
     print_results(results, cfg, len(test), run_models)
     if cfg.out:
         names = ("data", "test_data", "eval_size", "max_new_tokens", "seed", "k", "temperature", "top_p", "quant",

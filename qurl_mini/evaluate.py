@@ -181,6 +181,7 @@ def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> di
     examples, on the problems whose prompt fits cfg.max_prompt_tokens. Its engine is shut down before returning."""
     from .actor import load_actor
     from .infra.progress import progress_bar
+    from .token_records import engine_vs_actor
 
     some_problems(problems)
     t0 = time.time()
@@ -191,7 +192,8 @@ def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> di
                           quant_group=cfg.quant_group, dtype=cfg.engine_dtype, seed=cfg.seed, platform=platform,
                           prompts=prompts, kv_cache_gib=cfg.kv_cache_gib,
                           gpu_memory_utilization=cfg.gpu_memory_utilization, enforce_eager=cfg.enforce_eager)
-    del actor  # the engine holds its own copy
+    if not getattr(cfg, "token_page", None):  # eval.py --token-page scores the engine's samples with it, below
+        actor = None  # the engine holds its own copy
     gc.collect()
     times = {"load_and_start_engine": round(time.time() - t0, 2)}
     k, sampling = cfg.k, cfg.k > 1 and cfg.temperature > 0
@@ -210,6 +212,9 @@ def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> di
                                          advance=lambda info: advance(f"k={k} samples {info}"), prompts=prompts)
                 times["sampled"] = round(time.time() - t1, 2)
         engine_format, engine_dtype = engine.engine_format, engine.dtype
+        if actor is not None:
+            token_record = engine_vs_actor(engine, actor, tokenizer, prompts, problems, cfg.token_settings(path), 0,
+                                           f"{path} ({engine_format} engine vs the fp32 model)")
     finally:
         free_engine(engine)
         del engine
@@ -218,6 +223,8 @@ def evaluate_checkpoint(path: str, problems: list[Problem], cfg, platform) -> di
               "engine_dtype": engine_dtype, "greedy_mean_response_tokens": greedy.mean_length,
               "greedy_truncated_frac": greedy.truncated_frac, "time_s": times,
               "greedy_correct": [int(c[0]) for c in greedy.correct]}
+    if actor is not None:
+        result["token_page_record"] = token_record  # eval.py takes it out for the page
     if k > 1:
         result.update({f"avg@{k}": sampled.accuracy, f"pass@{k}": mean_pass_at_k(sampled.correct, k),
                        "pass@": {str(j): mean_pass_at_k(sampled.correct, j) for j in pass_at_ks(k)},

@@ -40,6 +40,7 @@ from .named_models import is_named, weights_hash
 from .prompts import PromptBuilder
 from .sampling import GroupSampler
 from .sync_probe import ProbeSides, SyncProbe
+from .token_records import TokenLog
 from .uaq import apply_uaq
 from .update import TrainingError, Updater
 
@@ -110,6 +111,7 @@ class Trainer:
         self.metrics = MetricsLog(os.path.join(self.run_dir, "metrics.jsonl"),
                                   resume_after_step=self.start_step if resume_from else None)
         self.trackers = Trackers(cfg.report_to, self.run_dir, cfg.run_name, cfg.to_dict(), resume=bool(resume_from))
+        self.token_log = TokenLog(self.run_dir, cfg, resume_after_step=self.start_step if resume_from else None)
         self.engine, start_codes = self._start_engine()  # on a copy of the actor as it now is
         self.weight_monitor = WeightUpdateMonitor()
         if self.engine.quantized:
@@ -192,7 +194,7 @@ class Trainer:
             for step in range(self.start_step + 1, cfg.steps + 1):
                 stop_point()  # between steps: the last checkpoint and metrics are whole
                 row = self.step(step)
-                if step == cfg.steps or (cfg.eval_every and step % cfg.eval_every == 0):
+                if self.is_eval_step(step):
                     row["test_accuracy"] = self.evaluate()
                 self.metrics.write(row)
                 self.trackers.log(row, step)
@@ -212,6 +214,10 @@ class Trainer:
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
             json.dump(summary, f, indent=1)
         return summary
+
+    def is_eval_step(self, step: int) -> bool:
+        """--eval-every's steps and the last: greedy test accuracy, and the token page's responses."""
+        return step == self.cfg.steps or bool(self.cfg.eval_every and step % self.cfg.eval_every == 0)
 
     def evaluate(self) -> float:
         return greedy_accuracy(self.actor, self.tokenizer, self.test_problems, self.cfg.max_new_tokens,
@@ -263,6 +269,9 @@ class Trainer:
         sync_stats = self.weight_monitor.measure(self.actor, synced.codes) if self.engine.quantized else {}  # Eq. 13-14
         sync_stats.update(self.probe.after_sync(step, self.probe_sides.engine_logprobs, self.probe_sides.actor_logprobs))
 
+        if cfg.token_page_responses and self.is_eval_step(step):
+            with timer("token_page"):  # a few responses token by token: tokens.jsonl, and the page tokens.html
+                self.token_log.save(step, experience, samples, self.tokenizer)
         mismatch = self._check_mismatch(behav_logp, prox_logp, mask)
         accuracy, signal = torch.cat(samples.correct).mean().item(), samples.signal_stats()
         self.signal_watch.observe(step, accuracy, signal["truncated_share"])  # warns once if it cannot learn
