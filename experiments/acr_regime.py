@@ -6,6 +6,10 @@
     python experiments/acr_regime.py --report-only           # the pages from the runs on disk (finished or not)
     python experiments/acr_regime.py --smoke --out /tmp/ar   # tiny runs (the test suite's)
 
+OUT is docs/results/acr_regime: the pilot's page docs/results/acr_regime_pilot.{md,json} and its runs in
+docs/results/acr_regime_pilot_runs (toy) and docs/results/acr_regime_pilot_real_runs (SmolLM2: another base); the
+comparison's page docs/results/acr_regime.{md,json,png} and its runs in docs/results/acr_regime_runs.
+
 ACR's loss differs from TIS's only on a token where three things hold at once: A > 0, rho = pi_prox / pi_behav > C
 (TIS truncates the weight, ACR widens the bound to (1+eps)/r) and R = pi / pi_prox past 1 + eps (PPO's clip would
 stop the gradient): `clip_rescued_frac`. At the settings used so far the three met on <= 0.04% of tokens. The pilot
@@ -182,7 +186,8 @@ def pilot_page(args, pilot: dict, chosen: str | None, missing: list[str]) -> Non
              + " ".join(f"`{k} {v}`" for k, v in TOY.items()) + f"; real rows: {PILOT_STEPS['real']} steps, "
              + " ".join(f"`{k} {v}`" for k, v in REAL.items()) + "; each adds its format, `--lr`, `--ppo-epochs`, "
              "`--minibatches`, and `--objective acr --measure-acr-gap true` (BF16: `--quant none --objective ppo`). "
-             f"Runs in `{os.path.relpath(args.work_pilot, REPO)}/runs/`.", "",
+             f"Runs in `{os.path.relpath(args.work_pilot, REPO)}/runs/` (toy) and "
+             f"`{os.path.relpath(args.work_real, REPO)}/runs/` (real: another base, so another folder).", "",
              f"Rule, fixed before the pilot's runs: {PILOT_RULE}.", "",
              f"**Chosen: `{chosen}`.**" if chosen else "**Nothing chosen yet** (no eligible finished setting).", "",
              "Shares are of response tokens, means over the run's steps (each step's share is a mean over its "
@@ -247,6 +252,10 @@ def compare_page(args, setting: str, table: dict, curves: dict, going: list[str]
              f"Runs in `{os.path.relpath(args.work, REPO)}/runs/`. The pilot: [acr_regime_pilot.md](acr_regime_pilot.md).",
              "", "## Verdict\n", *[f"- {x}" for x in verdict(table, args.seeds)], "",
              f"Rule, fixed before the comparison's runs: {VERDICT_RULE}.", "",
+             "All three: the share of tokens where ACR's loss differs from TIS's, as the run's own objective logs it "
+             "(0 under TIS, whose bound never widens); grad gap: ||g_ACR - g_TIS|| / ||g_TIS|| on each minibatch, "
+             "measured in both rows (mean over steps); KL: median KL(behav‖prox) (k3) over the first / last 10% of "
+             "steps.", "",
              "| row | seed | greedy start → end | sampled, last 10% | all three | grad gap | KL first → last | max rho "
              "| s / step |", "|---" * 9 + "|"]
     for row, runs in table.items():
@@ -299,14 +308,19 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     args.out = os.path.abspath(args.out)
     args.work, args.work_pilot = args.out + "_runs", args.out + "_pilot_runs"
+    args.work_real = args.out + "_pilot_real_runs"
+    where = lambda name: args.work_real if name.split("_")[0] in REAL_FORMATS else args.work_pilot  # noqa: E731
     t0 = time.time()
     formats = TOY_FORMATS[-1:] if args.smoke else TOY_FORMATS + (REAL_FORMATS if args.real else [])
     jobs = pilot_jobs(formats, args.smoke)
     if (args.pilot or args.smoke) and not args.report_only:
-        print(f"acr regime pilot: {len(jobs)} runs -> {args.work_pilot}", flush=True)
-        run_many(args.work_pilot, jobs, os.path.join(args.work_pilot, "logs"), args.parallel)
+        print(f"acr regime pilot: {len(jobs)} runs -> {args.work_pilot}, {args.work_real}", flush=True)
+        for work in (args.work_pilot, args.work_real):
+            mine = [job for job in jobs if where(job[0]) == work]
+            if mine:
+                run_many(work, mine, os.path.join(work, "logs"), args.parallel)
     found = {name: r for name, _ in pilot_jobs(TOY_FORMATS + REAL_FORMATS, args.smoke)
-             if (r := read(args.work_pilot, name)) is not None}
+             if (r := read(where(name), name)) is not None}
     finished = {name: r for name, r in found.items() if r["summary"]}
     one_experiment({name: [r] for name, r in finished.items() if name.startswith(tuple(TOY_FORMATS + ["toy"]))},
                    {}, f"acr regime pilot ({args.work_pilot})")
