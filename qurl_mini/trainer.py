@@ -120,11 +120,8 @@ class Trainer:
                                           self.train_problems, order=self.prompt_order)
         self.probe, self.probe_sides = self._calibrated_probe(self.train_problems[0])
 
-    # -- set-up -----------------------------------------------------------------------------------
-
     def _load_models(self, resume_from: str | None):
-        """The actor (UAQ-rescaled) and its tokenizer, the frozen reference and PPO's critic, on the training
-        device (where the engine runs)."""
+        """The actor (UAQ-rescaled), its tokenizer, the frozen reference and PPO's critic, on the engine's device."""
         cfg = self.cfg
         actor, tokenizer = load_actor(os.path.join(resume_from, "actor") if resume_from else self.base_model)
         if not resume_from:  # once, before training (Eq. 11); a checkpoint holds the rescaled weights already
@@ -156,14 +153,12 @@ class Trainer:
         return train_problems, test_problems
 
     def _start_engine(self):
-        """vLLM on a (quantized) copy of the actor, sized for the longest prompt plus response; also the
-        {name: (codes, scale)} it starts from."""
+        """vLLM on a (quantized) copy of the actor, sized for the longest prompt + response; and its start codes."""
         cfg = self.cfg
         longest_prompt = cfg.max_prompt_tokens or max(len(self.prompts.ids(p)) for p in self.train_problems[:2000])
         if note := budget_below_one_sequence(cfg.max_tokens_per_micro_batch, longest_prompt, cfg.max_new_tokens):
             log.warning("%s", note)
-        max_len = context_length(longest_prompt, cfg.max_new_tokens,
-                                 getattr(self.actor.config, "max_position_embeddings", None))
+        max_len = context_length(longest_prompt, cfg.max_new_tokens, getattr(self.actor.config, "max_position_embeddings", None))
         return RolloutEngine.from_actor(
             self.actor, self.tokenizer, self.run_dir, quant_fmt=cfg.quant, quant_group=cfg.quant_group,
             platform=self.platform, seed=cfg.seed, max_model_len=max_len, dtype=cfg.engine_dtype,
@@ -179,8 +174,6 @@ class Trainer:
         if probe.every:
             probe.calibrate(sides.engine_logprobs(), sides.actor_logprobs())
         return probe, sides
-
-    # -- the loop ---------------------------------------------------------------------------------
 
     def run(self) -> dict:
         cfg = self.cfg
@@ -207,8 +200,7 @@ class Trainer:
                             summary.get("initial_test_accuracy"))
         self.trackers.image("curves", plot, cfg.steps)
         summary.update(final_test_accuracy=self.evaluate(), final_model=final_dir, plot=plot,
-                       base_model=self.base_model, base_model_hash=weights_hash(self.base_model),
-                       metrics=self.metrics.path,
+                       base_model=self.base_model, base_model_hash=weights_hash(self.base_model), metrics=self.metrics.path,
                        checkpoints=checkpoint.checkpoint_dir(self.run_dir), trackers=self.trackers.watch(),
                        machine=describe_cpu(), engine_dtype=self.engine.dtype, config=cfg.to_dict())
         with open(os.path.join(self.run_dir, "summary.json"), "w") as f:
@@ -243,8 +235,7 @@ class Trainer:
 
         # 3. the full-precision actor's log-probs of the sampled tokens: pi_prox (and pi_ref, V_old)
         with timer("logprob"):  # token_logprobs; --shared-prompt: the same numbers, each group's prompt run once
-            micro = dict(micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_micro_batch,
-                         shared=cfg.shared_prompt)
+            micro = dict(micro_batch_size=cfg.micro_batch_size, max_tokens=cfg.max_tokens_per_micro_batch, shared=cfg.shared_prompt)
             prox_logp = batched_logprobs(self.actor, sequences, temperature=cfg.temperature, **micro)
             ref_logp = (batched_logprobs(self.reference, sequences, temperature=cfg.temperature, **micro)
                         if self.reference is not None else None)
@@ -269,9 +260,8 @@ class Trainer:
         sync_stats = self.weight_monitor.measure(self.actor, synced.codes) if self.engine.quantized else {}  # Eq. 13-14
         sync_stats.update(self.probe.after_sync(step, self.probe_sides.engine_logprobs, self.probe_sides.actor_logprobs))
 
-        if cfg.token_page_responses and self.is_eval_step(step):
-            with timer("token_page"):  # a few responses token by token: tokens.jsonl, and the page tokens.html
-                self.token_log.save(step, experience, samples, self.tokenizer)
+        if cfg.token_page_responses and self.is_eval_step(step):  # a few responses token by token: tokens.{jsonl,html}
+            with timer("token_page"): self.token_log.save(step, experience, samples, self.tokenizer)
         mismatch = self._check_mismatch(behav_logp, prox_logp, mask)
         accuracy, signal = torch.cat(samples.correct).mean().item(), samples.signal_stats()
         self.signal_watch.observe(step, accuracy, signal["truncated_share"])  # warns once if it cannot learn
@@ -286,8 +276,7 @@ class Trainer:
     def _check_mismatch(self, behav_logp, prox_logp, mask) -> dict:
         """The sampler/learner gap over the step's tokens (Sec. 4.2); warn once when it is far too large."""
         mismatch = sampler_mismatch(prox_logp, behav_logp, mask, self.cfg.tis_cap)
-        kl = mismatch["kl_behav_prox_k3"]
-        if kl > self.cfg.mismatch_warn_kl and not self.mismatch_warned:
+        if (kl := mismatch["kl_behav_prox_k3"]) > self.cfg.mismatch_warn_kl and not self.mismatch_warned:
             log.warning("KL(behav||prox) = %.3g (k3) exceeds %.3g: the rollout engine and the actor disagree "
                         "(quantization too coarse, or a broken weight sync?)", kl, self.cfg.mismatch_warn_kl)
             self.mismatch_warned = True
@@ -299,6 +288,5 @@ class Trainer:
             optimizers=self.updater.optimizers, schedulers=self.updater.schedulers, keep=self.cfg.keep,
             trainer_state={"data_cursor": self.prompt_order.cursor, "bad_steps": self.updater.bad_steps,
                            "mismatch_warned": self.mismatch_warned, "signal_warned": self.signal_watch.warned,
-                           "uaq_scale": self.cfg.uaq_scale,
-                           "initial_test_accuracy": self.initial_test_accuracy,
+                           "uaq_scale": self.cfg.uaq_scale, "initial_test_accuracy": self.initial_test_accuracy,
                            "config": self.cfg.to_dict(), "base_model": self.base_model})
