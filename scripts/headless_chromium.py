@@ -130,9 +130,10 @@ class Chromium:
 
 
 def main(argv=None) -> int:
-    import argparse
+    sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent.parent))
+    from qurl_mini.infra.cli import ArgumentParser  # an unknown flag is one line
 
-    parser = argparse.ArgumentParser(description="a PNG screenshot of a local HTML page, in headless Chromium")
+    parser = ArgumentParser(description="a PNG screenshot of a local HTML page, in headless Chromium")
     parser.add_argument("page")
     parser.add_argument("png")
     parser.add_argument("--width", type=int, default=1200)
