@@ -91,12 +91,12 @@ class SyncProbe:
                  f"{gap:.2e} to the updated actor")
         if not math.isfinite(gap):
             raise SyncError(f"{where}; the engine's log-probs are not finite)")
+        if gap_before < 0.5 * gap and gap > 2 * self.start_gap:  # the likeliest cause first, on any engine dtype
+            raise SyncError(f"{where} but {gap_before:.2e} to the actor before the update: it still holds the old "
+                            f"weights)")
         if gap > self.limit:
             raise SyncError(f"{where}, over {self.limit:.2e} = {self.noise_factor:g} x the {self.start_gap:.2e} "
                             f"measured at start)")
-        if gap_before < 0.5 * gap and gap > 2 * self.start_gap:
-            raise SyncError(f"{where} but {gap_before:.2e} to the actor before the update: it still holds the old "
-                            f"weights)")
         engine_moved, actor_moved = mean_abs_gap(engine_logp, self.engine_last), mean_abs_gap(actor_after, self.actor_last)
         if actor_moved > self.noise_floor and engine_moved < 0.2 * actor_moved:
             raise SyncError(f"{where}; since the last check its log-probs moved {engine_moved:.2e}, the actor's "
